@@ -1,0 +1,32 @@
+/*
+ * cpu_ops.h — the element-wise and per-row operations of the forward pass,
+ * in f32 with the accumulations that matter in double-free f32 order. Each
+ * has a float64 twin in the tests.
+ */
+#ifndef MOE_CPU_OPS_H
+#define MOE_CPU_OPS_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+
+/* out = x / rms(x) * weight over n elements (out may alias x). */
+void cpu_rmsnorm(float *out, const float *x, const float *weight, int64_t n, float eps);
+
+/* Rotate the first n_rot dimensions of each of n_heads heads (head_dim
+ * apart) by position pos. freq_factors (n_rot/2) divide the frequencies when
+ * not NULL (Llama-3.1 style); freq_scale scales positions (linear scaling). */
+void cpu_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float base, float freq_scale,
+              const float *freq_factors, rope_style style);
+
+/* In place: x = softmax(x). */
+void cpu_softmax(float *x, int64_t n);
+
+/* out[i] = silu(gate[i]) * up[i]. */
+void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n);
+
+/* Indices of the k largest of x[0..n) (ties: lower index first), by
+ * descending value. */
+void cpu_top_k(const float *x, int n, int k, int *ids);
+
+#endif

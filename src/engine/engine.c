@@ -1,0 +1,189 @@
+/*
+ * engine.c — models and sessions behind the public API (include/moe.h).
+ *
+ * A model couples the bound weights with the tokenizer of the same file. A
+ * session owns a backend state (the KV cache and activations), the sampler
+ * and the logits of the last position. The CPU backend is the one built
+ * here; the CUDA backend plugs in beside it.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/error.h"
+#include "engine/engine_internal.h"
+
+/* A context the model was trained for can be huge (40k+ positions, GBs of
+ * f32 KV cache); without an explicit n_ctx a session takes at most this. */
+#define DEFAULT_MAX_CTX 4096
+
+void moe_free(void *p) { free(p); }
+
+/* ------------------------------------------------------------ models */
+
+moe_model_params moe_model_default_params(void) { return (moe_model_params){MOE_DEVICE_AUTO, 0}; }
+
+moe_status moe_model_load(const char *path, const moe_model_params *params, moe_model **out, moe_error *err) {
+    *out = NULL;
+    moe_model_params p = params ? *params : moe_model_default_params();
+    if (p.device == MOE_DEVICE_CUDA)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "this build of moe.c has no CUDA backend (use --device cpu)");
+    moe_model *m = calloc(1, sizeof *m);
+    if (!m) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    m->params = p;
+    moe_status st = model_load(path, &m->weights, err);
+    if (st == MOE_OK) {
+        st = tokenizer_load(m->weights->file, &m->tok, err);
+        if (st != MOE_OK) moe_error_prefix(err, "%s", path);
+    }
+    if (st == MOE_OK && tokenizer_n_vocab(m->tok) > (uint32_t)m->weights->config.n_vocab)
+        st = moe_error_set(err, MOE_ERR_FORMAT, "%s: the vocabulary has %u tokens but the embedding only %d rows", path,
+                           tokenizer_n_vocab(m->tok), m->weights->config.n_vocab);
+    if (st != MOE_OK) {
+        moe_model_free(m);
+        return st;
+    }
+    *out = m;
+    return MOE_OK;
+}
+
+void moe_model_free(moe_model *m) {
+    if (!m) return;
+    tokenizer_free(m->tok);
+    model_free(m->weights);
+    free(m);
+}
+
+int moe_model_n_vocab(const moe_model *m) { return m->weights->config.n_vocab; }
+int moe_model_n_ctx_train(const moe_model *m) { return m->weights->config.n_ctx_train; }
+const char *moe_model_arch(const moe_model *m) { return m->weights->config.arch->name; }
+const char *moe_model_device(const moe_model *m) { return "cpu"; }
+
+/* ------------------------------------------------------------ text */
+
+moe_status moe_tokenize(const moe_model *m, const char *text, size_t len, bool add_special, bool parse_special,
+                        int32_t **ids, size_t *n_ids, moe_error *err) {
+    unsigned flags = (add_special ? TOKENIZER_ADD_SPECIAL : 0) | (parse_special ? TOKENIZER_PARSE_SPECIAL : 0);
+    return tokenizer_encode(m->tok, text, len, flags, ids, n_ids, err);
+}
+
+const char *moe_token_piece(const moe_model *m, int32_t id, size_t *len) {
+    if (id < 0 || (uint32_t)id >= tokenizer_n_vocab(m->tok)) return NULL;
+    return tokenizer_piece(m->tok, id, len);
+}
+
+bool moe_token_is_eog(const moe_model *m, int32_t id) { return tokenizer_is_eog(m->tok, id); }
+
+/* ------------------------------------------------------------ sessions */
+
+moe_session_params moe_session_default_params(void) {
+    sampler_params s = sampler_params_default();
+    return (moe_session_params){
+        .n_ctx = 0,
+        .n_batch = 256,
+        .sampling = {s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty,
+                     s.frequency_penalty, s.penalty_last_n, s.seed},
+    };
+}
+
+static sampler_params to_sampler_params(const moe_sampling *s) {
+    sampler_params p = sampler_params_default();
+    p.temperature = s->temperature;
+    p.top_k = s->top_k;
+    p.top_p = s->top_p;
+    p.min_p = s->min_p;
+    p.repetition_penalty = s->repetition_penalty;
+    p.presence_penalty = s->presence_penalty;
+    p.frequency_penalty = s->frequency_penalty;
+    p.penalty_last_n = s->penalty_last_n;
+    p.seed = s->seed;
+    return p;
+}
+
+moe_status moe_session_new(moe_model *m, const moe_session_params *params, moe_session **out, moe_error *err) {
+    *out = NULL;
+    moe_session *s = calloc(1, sizeof *s);
+    if (!s) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    s->model = m;
+    s->params = params ? *params : moe_session_default_params();
+    if (s->params.n_ctx <= 0) {
+        int train = m->weights->config.n_ctx_train;
+        s->params.n_ctx = train < DEFAULT_MAX_CTX ? train : DEFAULT_MAX_CTX;
+    }
+    if (s->params.n_batch <= 0) s->params.n_batch = 256;
+    int n_vocab = m->weights->config.n_vocab;
+    sampler_params sp = to_sampler_params(&s->params.sampling);
+    moe_status st = sampler_init(&s->sampler, &sp, n_vocab, err);
+    if (st == MOE_OK)
+        st = cpu_state_new(m->weights, s->params.n_ctx, s->params.n_batch, m->params.n_threads, &s->cpu, err);
+    if (st == MOE_OK && !(s->logits = malloc((size_t)n_vocab * sizeof(float))))
+        st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    if (st != MOE_OK) {
+        moe_session_free(s);
+        return st;
+    }
+    *out = s;
+    return MOE_OK;
+}
+
+void moe_session_free(moe_session *s) {
+    if (!s) return;
+    cpu_state_free(s->cpu);
+    sampler_free(&s->sampler);
+    free(s->logits);
+    free(s);
+}
+
+static moe_status check_room(const moe_session *s, size_t n, moe_error *err) {
+    if (n == 0) return moe_error_set(err, MOE_ERR_INVALID_ARG, "no tokens to feed");
+    if ((uint64_t)s->pos + n > (uint64_t)s->params.n_ctx)
+        return moe_error_set(err, MOE_ERR_RANGE,
+                             "%zu tokens do not fit: %d of the context's %d positions are used (%d free)", n, s->pos,
+                             s->params.n_ctx, s->params.n_ctx - s->pos);
+    return MOE_OK;
+}
+
+moe_status moe_session_feed(moe_session *s, const int32_t *ids, size_t n, moe_error *err) {
+    moe_status st = check_room(s, n, err);
+    if (st == MOE_OK) st = cpu_forward(s->cpu, ids, (int)n, s->pos, s->logits, false, err);
+    if (st != MOE_OK) return st;
+    s->pos += (int)n;
+    s->has_logits = true;
+    return MOE_OK;
+}
+
+moe_status moe_session_feed_all_logits(moe_session *s, const int32_t *ids, size_t n, float *logits, moe_error *err) {
+    moe_status st = check_room(s, n, err);
+    if (st == MOE_OK) st = cpu_forward(s->cpu, ids, (int)n, s->pos, logits, true, err);
+    if (st != MOE_OK) return st;
+    size_t vocab = (size_t)s->model->weights->config.n_vocab;
+    memcpy(s->logits, logits + (n - 1) * vocab, vocab * sizeof(float));
+    s->pos += (int)n;
+    s->has_logits = true;
+    return MOE_OK;
+}
+
+const float *moe_session_logits(const moe_session *s) { return s->has_logits ? s->logits : NULL; }
+
+moe_status moe_session_sample(moe_session *s, int32_t *token, moe_error *err) {
+    if (!s->has_logits) return moe_error_set(err, MOE_ERR_INVALID_ARG, "nothing to sample from: feed tokens first");
+    size_t vocab = (size_t)s->model->weights->config.n_vocab;
+    /* The sampler edits logits in place; keep the session's copy intact so
+     * moe_session_logits stays what the model produced. */
+    float *work = malloc(vocab * sizeof *work);
+    if (!work) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    memcpy(work, s->logits, vocab * sizeof *work);
+    int32_t id = sampler_sample(&s->sampler, work);
+    free(work);
+    if (id < 0) return moe_error_set(err, s->sampler.error.code, "%s", s->sampler.error.message);
+    *token = id;
+    return sampler_accept(&s->sampler, id);
+}
+
+void moe_session_reset(moe_session *s) {
+    s->pos = 0;
+    s->has_logits = false;
+    sampler_reset(&s->sampler);
+}
+
+int moe_session_position(const moe_session *s) { return s->pos; }
+int moe_session_n_ctx(const moe_session *s) { return s->params.n_ctx; }

@@ -1,0 +1,103 @@
+/*
+ * q5_k.c — Q5_K: 5-bit codes with a 6-bit scale and a 6-bit min per
+ * sub-block of 32, in super-blocks of 256 (GGML's block_q5_K). Q4_K plus
+ * one high bit per weight.
+ *
+ * Block layout, 176 bytes for 256 weights = 5.5 bits per weight, multi-byte
+ * fields little-endian:
+ *
+ *   bytes   0..1    d      fp16, factor of the 6-bit sub-block scales
+ *   bytes   2..3    dmin   fp16, factor of the 6-bit sub-block mins
+ *   bytes   4..15   scales 8 scales and 8 mins of 6 bits, packed as in Q4_K:
+ *                     byte  4 + j (j = 0..3): bits 0..5 scale j,
+ *                                             bits 6..7 bits 4..5 of scale j+4
+ *                     byte  8 + j (j = 0..3): bits 0..5 min j,
+ *                                             bits 6..7 bits 4..5 of min j+4
+ *                     byte 12 + j (j = 0..3): bits 0..3 bits 0..3 of scale j+4,
+ *                                             bits 4..7 bits 0..3 of min j+4
+ *   bytes  16..47   qh     bit 4 (value 16) of the codes:
+ *                     byte 16 + l (l = 0..31), for each group g = 0..3 of 64:
+ *                       bit 2 g     = bit 4 of q of weight 64 g + l
+ *                       bit 2 g + 1 = bit 4 of q of weight 64 g + 32 + l
+ *   bytes  48..175  qs     bits 0..3 of the codes, 32 bytes per group of 64:
+ *                     byte 48 + 32 g + l:
+ *                       low nibble  = weight 64 g + l
+ *                       high nibble = weight 64 g + 32 + l
+ *
+ * Weight i lies in sub-block j = i / 32 and decodes to
+ *     (d * scale_j) * q_i - (dmin * min_j),   q_i in 0..31,
+ * in float; the products are exact, so this is bit-exact with GGML's
+ * to_float.
+ */
+#include "quant/formats.h"
+#include "quant/k_quant.h"
+
+typedef struct block_q5_k {
+    uint8_t d[2];
+    uint8_t dmin[2];
+    uint8_t scales[K_SCALE_BYTES];
+    uint8_t qh[QK_K / 8];
+    uint8_t qs[QK_K / 2];
+} block_q5_k;
+_Static_assert(sizeof(block_q5_k) == 176, "block_q5_k is 176 bytes");
+
+/* GGML's quantize_row_q5_K_ref search: grid of 16 inverse scales
+ * (31 - 0.5 + 0.1 i) / range, i = 0..15. */
+static const k_search_grid q5_k_grid = {-0.5f, 0.1f, 15};
+
+static void q5_k_load(const block_q5_k *b, k_scale_min_block *out) {
+    out->d = block_load_u16(b->d);
+    out->dmin = block_load_u16(b->dmin);
+    memcpy(out->scales, b->scales, K_SCALE_BYTES);
+    for (int g = 0; g < 4; g++) {
+        for (int l = 0; l < 32; l++) {
+            uint8_t lo = b->qs[32 * g + l], hi = b->qh[l] >> (2 * g);
+            out->q[64 * g + l] = (uint8_t)((lo & 0x0f) | (hi & 1) << 4);
+            out->q[64 * g + 32 + l] = (uint8_t)((lo >> 4) | (hi & 2) << 3);
+        }
+    }
+}
+
+static void q5_k_store(const k_scale_min_block *in, block_q5_k *b) {
+    block_store_u16(b->d, in->d);
+    block_store_u16(b->dmin, in->dmin);
+    memcpy(b->scales, in->scales, K_SCALE_BYTES);
+    memset(b->qh, 0, sizeof b->qh);
+    for (int g = 0; g < 4; g++) {
+        for (int l = 0; l < 32; l++) {
+            uint8_t first = in->q[64 * g + l], second = in->q[64 * g + 32 + l];
+            b->qs[32 * g + l] = (uint8_t)((first & 0x0f) | (second & 0x0f) << 4);
+            b->qh[l] |= (uint8_t)((first >> 4 | (second >> 4) << 1) << (2 * g));
+        }
+    }
+}
+
+void q5_k_dequantize(const void *src, float *dst, int64_t n) {
+    const block_q5_k *blocks = src;
+    k_scale_min_block b;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        q5_k_load(&blocks[i], &b);
+        k_dequantize_scale_min(&b, dst + i * QK_K);
+    }
+}
+
+void q5_k_quantize(const float *src, void *dst, int64_t n) {
+    block_q5_k *blocks = dst;
+    k_scale_min_block b;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        k_quantize_scale_min(src + i * QK_K, 31, q5_k_grid, &b);
+        q5_k_store(&b, &blocks[i]);
+    }
+}
+
+float q5_k_dot(const void *weights, const void *activations, int64_t n) {
+    const block_q5_k *w = weights;
+    const block_q8_k *a = activations;
+    k_scale_min_block b;
+    float sum = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        q5_k_load(&w[i], &b);
+        sum += k_dot_scale_min(&b, &a[i]);
+    }
+    return sum;
+}
