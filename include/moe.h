@@ -103,6 +103,11 @@ typedef struct moe_chat_message {
 moe_status moe_chat_format(const moe_model *model, const char *template_name, const moe_chat_message *messages,
                            size_t n_messages, bool add_generation_prompt, char **out, moe_error *err);
 
+/* The strings that end an assistant turn in that template (NULL-terminated
+ * list, owned by the library): pass them as stop strings. */
+moe_status moe_chat_stops(const moe_model *model, const char *template_name, const char *const **stops,
+                          moe_error *err);
+
 /* ================================================================ sessions
  *
  * A session is one sequence: its KV cache, position and sampler. Not
@@ -150,6 +155,15 @@ moe_status moe_session_sample(moe_session *session, int32_t *token, moe_error *e
 
 /* Forget the sequence: position 0, empty history, sampler reseeded. */
 void moe_session_reset(moe_session *session);
+
+/* Keep only the first n_keep positions (n_keep <= position): the cache
+ * after them is dropped, so a new continuation can be fed. Logits are
+ * unavailable until the next feed. This is how a conversation reuses the
+ * cache of the turns it already processed. */
+moe_status moe_session_rewind(moe_session *session, int n_keep, moe_error *err);
+
+/* The tokens at positions 0..position-1. */
+const int32_t *moe_session_tokens(const moe_session *session, int *n);
 
 int moe_session_position(const moe_session *session);
 int moe_session_n_ctx(const moe_session *session);

@@ -152,22 +152,25 @@ static void test_qwen3_thinking(void) {
                  "<|im_start|>assistant\n<think>\nI should introduce myself.\n</think>\n\nI am Qwen.<|im_end|>\n");
 
     /* Python's split: the answer follows the last </think>; the reasoning
-     * is what precedes the first one, after the last <think> before it. A
-     * turn after the last query with no reasoning and not last is plain;
-     * a user message that only wraps a tool response is not a query. */
+     * is what precedes the first one, after the last <think> before it.
+     * After the last query, a turn that is not the last keeps its reasoning
+     * only if it has some; a user message that only wraps a tool response
+     * is not a query. */
     const chat_message odd[] = {
         {U, "q1"},
         {A, "x<think>a\n</think>b</think>\n\nc"},
         {U, "q2"},
         {A, "plain"},
+        {A, "<think>t</think>thought"},
         {U, "<tool_response>\n42\n</tool_response>"},
         {A, "<think>r</think>done"},
     };
-    check_render(CHAT_TEMPLATE_QWEN3, odd, 6, false,
+    check_render(CHAT_TEMPLATE_QWEN3, odd, 7, false,
                  "<|im_start|>user\nq1<|im_end|>\n"
                  "<|im_start|>assistant\nc<|im_end|>\n"
                  "<|im_start|>user\nq2<|im_end|>\n"
                  "<|im_start|>assistant\nplain<|im_end|>\n"
+                 "<|im_start|>assistant\n<think>\nt\n</think>\n\nthought<|im_end|>\n"
                  "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
                  "<|im_start|>assistant\n<think>\nr\n</think>\n\ndone<|im_end|>\n");
 
@@ -277,7 +280,8 @@ static void check_default_system(const char *file, const char *expected) {
 /* Qwen 2 and 2.5 insert a default system message; given it as the first
  * message, the ChatML renderer reproduces their prompt. */
 static void test_default_system_message(void) {
-    check_default_system("qwen2.5-instruct.jinja", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
+    check_default_system("qwen2.5-instruct.jinja",
+                         "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.");
     check_default_system("qwen2-instruct.jinja", "You are a helpful assistant.");
     check_default_system("qwen3.jinja", NULL);
     check_default_system("llama-3.1-instruct.jinja", NULL);

@@ -20,10 +20,15 @@
 
 static char tmp_dir[] = "/tmp/test_gguf.XXXXXX";
 
-static const char *tmp_path(const char *name) {
-    static char path[256];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    return path;
+typedef struct path_buf {
+    char text[256];
+} path_buf;
+
+/* A file in this run's scratch directory. */
+static path_buf tmp_path(const char *name) {
+    path_buf p;
+    snprintf(p.text, sizeof p.text, "%s/%s", tmp_dir, name);
+    return p;
 }
 
 static uint8_t *read_bytes(const char *path, size_t *size) {
@@ -43,7 +48,8 @@ static uint8_t *read_bytes(const char *path, size_t *size) {
 
 /* Save, free the writer and open the result (unlinked: the mapping stays). */
 static gguf_file *save_and_open(gguf_writer *w) {
-    const char *path = tmp_path("round_trip.gguf");
+    path_buf p = tmp_path("round_trip.gguf");
+    const char *path = p.text;
     moe_error err = {0};
     moe_status st = gguf_writer_save(w, path, &err);
     CHECKF(st == MOE_OK, "save: %s", err.message);
@@ -57,7 +63,8 @@ static gguf_file *save_and_open(gguf_writer *w) {
 
 /* Save, free the writer and return the file's bytes. */
 static uint8_t *save_to_bytes(gguf_writer *w, size_t *size) {
-    const char *path = tmp_path("bytes.gguf");
+    path_buf p = tmp_path("bytes.gguf");
+    const char *path = p.text;
     moe_error err = {0};
     moe_status st = gguf_writer_save(w, path, &err);
     CHECKF(st == MOE_OK, "save: %s", err.message);
@@ -849,20 +856,20 @@ static void test_hand_made_valid(void) {
 static void test_open_errors(void) {
     gguf_file *f = (gguf_file *)1;
     moe_error err;
-    const char *missing = tmp_path("missing.gguf");
+    path_buf missing_path = tmp_path("missing.gguf"), empty_path = tmp_path("empty.gguf");
+    path_buf bad_path = tmp_path("bad.gguf"), fifo_path = tmp_path("fifo.gguf");
+    const char *missing = missing_path.text, *empty = empty_path.text, *bad = bad_path.text, *fifo = fifo_path.text;
     CHECK(gguf_open(missing, &f, &err) == MOE_ERR_IO && f == NULL);
     CHECKF(contains(err.message, missing), "%s", err.message);
 
     CHECK(gguf_open(tmp_dir, &f, &err) == MOE_ERR_IO && f == NULL);
     CHECKF(contains(err.message, tmp_dir) && contains(err.message, "directory"), "%s", err.message);
 
-    const char *empty = tmp_path("empty.gguf");
     FILE *file = fopen(empty, "wb");
     if (file) fclose(file);
     CHECK(gguf_open(empty, &f, &err) == MOE_ERR_FORMAT && f == NULL);
     CHECKF(contains(err.message, empty) && contains(err.message, "offset 0"), "%s", err.message);
 
-    const char *bad = tmp_path("bad.gguf");
     file = fopen(bad, "wb");
     if (file) {
         fwrite("GGUF\1\0\0\0", 1, 8, file);
@@ -873,7 +880,6 @@ static void test_open_errors(void) {
     CHECK(gguf_open(bad, &f, NULL) == MOE_ERR_FORMAT);
 
     /* A FIFO is refused at once instead of blocking for a writer. */
-    const char *fifo = tmp_path("fifo.gguf");
     CHECK(mkfifo(fifo, 0600) == 0);
     CHECK(gguf_open(fifo, &f, &err) == MOE_ERR_IO && f == NULL && contains(err.message, "regular file"));
     unlink(empty);
@@ -959,15 +965,16 @@ static void test_writer_tensor_errors(void) {
     CHECK(gguf_writer_add_tensor(w, "streamed", MOE_TYPE_F32, 1, (uint64_t[]){4}, NULL, &err) == MOE_OK);
 
     /* save needs every tensor's data, and leaves nothing behind when refused. */
-    const char *path = tmp_path("refused.gguf");
+    path_buf refused = tmp_path("refused.gguf"), dup = tmp_path("dup.gguf");
+    const char *path = refused.text;
     CHECK(gguf_writer_save(w, path, &err) == MOE_ERR_INVALID_ARG && contains(err.message, "streamed"));
     CHECK(access(path, F_OK) != 0);
 
     CHECK(gguf_writer_add_tensor(w, "streamed", MOE_TYPE_F32, 1, (uint64_t[]){4}, data, &err) == MOE_OK);
-    int fd = open(tmp_path("dup.gguf"), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fd = open(dup.text, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     CHECK(gguf_writer_begin(w, fd, &err) == MOE_ERR_INVALID_ARG && contains(err.message, "duplicate tensor name"));
     close(fd);
-    unlink(tmp_path("dup.gguf"));
+    unlink(dup.text);
     gguf_writer_free(w);
 }
 
@@ -980,7 +987,8 @@ static void test_streaming_misuse(void) {
     CHECK(gguf_writer_write_tensor(w, a, sizeof a, &err) == MOE_ERR_INVALID_ARG); /* before begin */
     CHECK(gguf_writer_end(w, &err) == MOE_ERR_INVALID_ARG);
 
-    const char *path = tmp_path("stream.gguf");
+    path_buf p = tmp_path("stream.gguf");
+    const char *path = p.text;
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     CHECK(gguf_writer_begin(w, fd, &err) == MOE_OK);
     CHECK(gguf_writer_begin(w, fd, &err) == MOE_ERR_INVALID_ARG);

@@ -135,3 +135,5 @@ moe_model *model_options_load(const model_options *o, const char *command) {
     }
     return m;
 }
+
+int model_options_load_status(const model_options *o) { return o->model_path ? 1 : 2; }

@@ -34,4 +34,8 @@ void model_options_print_help(void);
 /* Load the model named by -m, with one clear error. NULL on failure. */
 moe_model *model_options_load(const model_options *o, const char *command);
 
+/* The exit status after model_options_load failed: 2 when no model was
+ * named (a usage error), else 1. */
+int model_options_load_status(const model_options *o);
+
 #endif

@@ -130,7 +130,7 @@ int cmd_logits(int argc, char **argv) {
     }
     if (!ids) return cli_usage_error("logits", "no tokens: pass --tokens 1,2,3");
     moe_model *m = model_options_load(&mo, "logits");
-    int status = m ? run(m, &mo, ids, n, out_path) : 1;
+    int status = m ? run(m, &mo, ids, n, out_path) : model_options_load_status(&mo);
     moe_model_free(m);
     free(ids);
     return status;

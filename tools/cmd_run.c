@@ -145,7 +145,7 @@ int cmd_run(int argc, char **argv) {
         moe_model *m = model_options_load(&a.model, "run");
         struct sigaction sa = {.sa_handler = on_signal};
         sigaction(SIGINT, &sa, NULL);
-        status = m ? generate(m, &a) : 1;
+        status = m ? generate(m, &a) : model_options_load_status(&a.model);
         moe_model_free(m);
     }
     free(a.prompt_owned);

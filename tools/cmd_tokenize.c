@@ -96,7 +96,7 @@ int cmd_tokenize(int argc, char **argv) {
     if (file && !owned) return fprintf(stderr, "moe tokenize: cannot read %s\n", file), 1;
     mo.model.device = MOE_DEVICE_CPU;
     moe_model *m = model_options_load(&mo, "tokenize");
-    int status = 1;
+    int status = m ? 1 : model_options_load_status(&mo);
     int32_t *ids = NULL;
     size_t n = 0;
     moe_error err = {0};

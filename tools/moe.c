@@ -14,6 +14,7 @@ typedef struct command {
 
 static const command commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
+    {"chat", cmd_chat, "an interactive conversation using the chat template"},
     {"tokenize", cmd_tokenize, "print the tokens of a text"},
     {"logits", cmd_logits, "logits of every position of a token sequence (teacher-forced)"},
     {"inspect", cmd_inspect, "show a GGUF file's metadata, tensors and architecture"},

@@ -115,7 +115,8 @@ moe_status moe_session_new(moe_model *m, const moe_session_params *params, moe_s
     moe_status st = sampler_init(&s->sampler, &sp, n_vocab, err);
     if (st == MOE_OK)
         st = cpu_state_new(m->weights, s->params.n_ctx, s->params.n_batch, m->params.n_threads, &s->cpu, err);
-    if (st == MOE_OK && !(s->logits = malloc((size_t)n_vocab * sizeof(float))))
+    if (st == MOE_OK && (!(s->logits = malloc((size_t)n_vocab * sizeof(float))) ||
+                         !(s->tokens = malloc((size_t)s->params.n_ctx * sizeof *s->tokens))))
         st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     if (st != MOE_OK) {
         moe_session_free(s);
@@ -130,6 +131,7 @@ void moe_session_free(moe_session *s) {
     cpu_state_free(s->cpu);
     sampler_free(&s->sampler);
     free(s->logits);
+    free(s->tokens);
     free(s);
 }
 
@@ -146,6 +148,7 @@ moe_status moe_session_feed(moe_session *s, const int32_t *ids, size_t n, moe_er
     moe_status st = check_room(s, n, err);
     if (st == MOE_OK) st = cpu_forward(s->cpu, ids, (int)n, s->pos, s->logits, false, err);
     if (st != MOE_OK) return st;
+    memcpy(s->tokens + s->pos, ids, n * sizeof *ids);
     s->pos += (int)n;
     s->has_logits = true;
     return MOE_OK;
@@ -157,6 +160,7 @@ moe_status moe_session_feed_all_logits(moe_session *s, const int32_t *ids, size_
     if (st != MOE_OK) return st;
     size_t vocab = (size_t)s->model->weights->config.n_vocab;
     memcpy(s->logits, logits + (n - 1) * vocab, vocab * sizeof(float));
+    memcpy(s->tokens + s->pos, ids, n * sizeof *ids);
     s->pos += (int)n;
     s->has_logits = true;
     return MOE_OK;
@@ -183,6 +187,21 @@ void moe_session_reset(moe_session *s) {
     s->pos = 0;
     s->has_logits = false;
     sampler_reset(&s->sampler);
+}
+
+moe_status moe_session_rewind(moe_session *s, int n_keep, moe_error *err) {
+    if (n_keep < 0 || n_keep > s->pos)
+        return moe_error_set(err, MOE_ERR_RANGE, "cannot keep %d positions of %d", n_keep, s->pos);
+    /* The cache is indexed by position: entries past n_keep are simply
+     * overwritten by the next feed. */
+    s->pos = n_keep;
+    s->has_logits = false;
+    return MOE_OK;
+}
+
+const int32_t *moe_session_tokens(const moe_session *s, int *n) {
+    *n = s->pos;
+    return s->tokens;
 }
 
 int moe_session_position(const moe_session *s) { return s->pos; }

@@ -22,6 +22,7 @@ struct moe_session {
     cpu_state *cpu;
     sampler sampler;
     float *logits; /* (n_vocab) of the last token fed */
+    int32_t *tokens; /* (n_ctx) what the cache holds, by position */
     bool has_logits;
     int pos;
 };

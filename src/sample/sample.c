@@ -28,6 +28,7 @@
 #endif
 
 enum {
+    VOCAB_MAX = 1 << 30, /* keeps every index and index + LANES in int32_t */
     PENALTY_WINDOW_MAX = 1 << 20,
     /* Top-p buckets: a weight's float bits, counted down from those of 1.0,
      * shifted right by 17 give 64 buckets per factor of two; 2048 buckets
@@ -75,9 +76,10 @@ static double rng_uniform(uint64_t s[4]) {
 
 /* ---------------------------------------------------------------- weights */
 
-/* Eight lanes of IEEE single precision through GCC/clang vector extensions
- * (SSE on x86-64, NEON on arm64). Each lane computes what a scalar loop
- * would, so no result depends on the machine's vector width. */
+/* Four lanes of IEEE single precision through GCC/clang vector extensions:
+ * one SSE register on baseline x86-64, one NEON register on arm64 (GCC
+ * splits wider vectors lane by lane there). Each lane computes what a
+ * scalar loop would, so no result depends on the machine's vector width. */
 enum { LANES = 4 };
 typedef float f32_lanes __attribute__((vector_size(LANES * sizeof(float))));
 typedef int32_t i32_lanes __attribute__((vector_size(LANES * sizeof(int32_t))));
@@ -86,11 +88,11 @@ typedef int32_t i32_lanes __attribute__((vector_size(LANES * sizeof(int32_t))));
  * adds and multiplies only: libm's expf may differ between C libraries in
  * the last bit, this gives every machine the same bits. e^v = 2^k e^r with
  * k the integer nearest v / ln2 and |r| <= ln2 / 2 (ln2 split in two so
- * that k ln2 is exact), e^r by its Taylor series to r^7 (truncation < 1e-8,
- * a few ulp of rounding in all), 2^k from its bit pattern. The argmax gets
- * exactly 1. v < -87 gets 0: e^v would be below FLT_MIN, under 1e-37 of the
- * argmax's weight, and 0 keeps subnormals (and flush-to-zero modes) out.
- * NaN and -inf get 0 too. */
+ * that k ln2 is exact), e^r by its Taylor series to r^7 (truncation < 1e-8),
+ * 2^k from its bit pattern; over [-87, 0] the relative error is < 1.1e-7
+ * (measured against double exp). The argmax gets exactly 1. v < -87 gets 0:
+ * e^v would be below FLT_MIN, under 1e-37 of the argmax's weight, and 0
+ * keeps subnormals (and flush-to-zero modes) out. NaN and -inf get 0 too. */
 static void weights_of(const float x[LANES], float max_logit, float inv_t, float w[LANES]) {
     f32_lanes v;
     memcpy(&v, x, sizeof v);
@@ -100,9 +102,8 @@ static void weights_of(const float x[LANES], float max_logit, float inv_t, float
     const float round_magic = 0x1.8p23f;   /* adding it rounds to an integer */
     const f32_lanes k = (v * 1.44269504f + round_magic) - round_magic;
     const f32_lanes r = (v - k * 0.693145751953125f) - k * 1.42860677e-6f;
-    const f32_lanes p =
-        1.0f +
-        r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    const f32_lanes high = 1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)));
+    const f32_lanes p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * high)));
     const i32_lanes scale = (__builtin_convertvector(k, i32_lanes) + 127) << 23;
     const i32_lanes bits = (i32_lanes)(p * (f32_lanes)scale) & live;
     memcpy(w, &bits, sizeof bits);
@@ -150,7 +151,8 @@ sampler_params sampler_params_default(void) {
 /* The comparisons are written so that NaN fails them. */
 static moe_status check_params(const sampler_params *p, int32_t n_vocab, moe_error *err) {
     const moe_status bad = MOE_ERR_INVALID_ARG;
-    if (n_vocab <= 0) return moe_error_set(err, bad, "sampler: the vocabulary size must be > 0, got %d", n_vocab);
+    if (n_vocab <= 0 || n_vocab > VOCAB_MAX)
+        return moe_error_set(err, bad, "sampler: the vocabulary size must be in [1, %d], got %d", VOCAB_MAX, n_vocab);
     if (!(p->temperature >= 0.0f && isfinite(p->temperature)))
         return moe_error_set(err, bad, "sampler: temperature must be finite and >= 0 (0 = greedy), got %g",
                              p->temperature);

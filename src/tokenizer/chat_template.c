@@ -133,18 +133,18 @@ moe_status chat_role_parse(const char *name, chat_role *role, moe_error *err) {
 
 /* ---------------------------------------------------------------- chatml */
 
-static void chatml_turn(text *t, const char *role, const char *content, size_t len) {
+static void chatml_turn(text *t, chat_role role, const char *content) {
     text_append(t, "<|im_start|>");
-    text_append(t, role);
+    text_append(t, chat_role_name(role));
     text_append(t, "\n");
-    text_append_n(t, content, len);
+    text_append(t, content);
     text_append(t, "<|im_end|>\n");
 }
 
 /* {% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' +
  * message['content'] + '<|im_end|>' + '\n'}}{% endfor %} */
 static moe_status render_chatml(text *t, const chat_message *msgs, size_t n, moe_error *err) {
-    for (size_t i = 0; i < n; i++) chatml_turn(t, chat_role_name(msgs[i].role), msgs[i].content, strlen(msgs[i].content));
+    for (size_t i = 0; i < n; i++) chatml_turn(t, msgs[i].role, msgs[i].content);
     return MOE_OK;
 }
 
@@ -245,7 +245,7 @@ static moe_status render_qwen3(text *t, const chat_message *msgs, size_t n, moe_
         if (msgs[i].role == CHAT_ROLE_ASSISTANT)
             qwen3_assistant_turn(t, msgs[i].content, i > last_query, i == n - 1);
         else
-            chatml_turn(t, chat_role_name(msgs[i].role), msgs[i].content, strlen(msgs[i].content));
+            chatml_turn(t, msgs[i].role, msgs[i].content);
     }
     return MOE_OK;
 }
