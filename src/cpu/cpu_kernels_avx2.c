@@ -84,7 +84,7 @@ AVX2_INLINE __m256 add_lane0(__m256 acc, float v) {
  * set, else 0: the fifth bits of a Q5 block's codes. Each byte first takes
  * the byte of qh that holds its bit, then tests its own bit there. */
 AVX2_INLINE __m256i fifth_bits(const uint8_t *qh) {
-    const __m256i which_byte = _mm256_set_epi64x(0x0303030303030303, 0x0303030303030303,
+    const __m256i which_byte = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
                                                  0x0101010101010101, 0);
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)block_load_u32(qh)), which_byte);
