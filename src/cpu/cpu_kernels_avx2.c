@@ -24,9 +24,6 @@
 
 #include <immintrin.h>
 
-#ifndef PF
-#define PF 1024
-#endif
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 
@@ -252,7 +249,6 @@ AVX2_INLINE __m256 q6_k_block(const block_q6_k *w, const block_q8_k *a, __m256 a
         __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();         \
         int64_t i = 0;                                                         \
         for (; i + 1 < blocks; i += 2) {                                       \
-            _mm_prefetch((const char *)&w[i] + PF, _MM_HINT_T0);                \
             acc0 = block_fn(&w[i], &a[i], acc0);                               \
             acc1 = block_fn(&w[i + 1], &a[i + 1], acc1);                       \
         }                                                                      \

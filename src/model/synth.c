@@ -30,6 +30,7 @@
 #include "common/thread_pool.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
 
 static const synth_preset presets[] = {
     /* name               arch        L   embd  H   KV  hd   ff     E    k  ffE   shared vocab   ctx    base */
@@ -217,25 +218,6 @@ static void fill_ones(uint8_t *out, const planned_tensor *t) {
 
 /* ------------------------------------------------------------ vocabulary */
 
-/* GPT-2's byte alphabet: printable bytes stand for themselves, the others
- * for code points from 256 up, so every byte is a visible character. */
-static int byte_token(int byte, char *out) {
-    bool printable = (byte >= '!' && byte <= '~') || (byte >= 0xA1 && byte <= 0xAC) || (byte >= 0xAE && byte <= 0xFF);
-    int cp = byte;
-    if (!printable) {
-        int rank = 0;
-        for (int b = 0; b < byte; b++)
-            rank += !((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF));
-        cp = 256 + rank;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp, out[1] = 0;
-        return 1;
-    }
-    out[0] = (char)(0xC0 | (cp >> 6)), out[1] = (char)(0x80 | (cp & 0x3F)), out[2] = 0;
-    return 2;
-}
-
 static const char *special_tokens[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
 
 static moe_status write_vocabulary(gguf_writer *w, int n_vocab, moe_error *err) {
@@ -248,7 +230,7 @@ static moe_status write_vocabulary(gguf_writer *w, int n_vocab, moe_error *err) 
     moe_status st = tokens && types ? MOE_OK : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n_vocab && st == MOE_OK; i++) {
         char buf[32];
-        if (i < 256) byte_token(i, buf);
+        if (i < 256) buf[tokenizer_byte_symbol((uint8_t)i, buf)] = '\0';
         else if (i < 256 + n_special) snprintf(buf, sizeof buf, "%s", special_tokens[i - 256]);
         else snprintf(buf, sizeof buf, "<|unused_%d|>", i);
         types[i] = i < 256 ? 1 : i < 256 + n_special ? 3 : 5; /* normal, control, unused */

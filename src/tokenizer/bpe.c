@@ -28,6 +28,12 @@ void bpe_byte_alphabet(uint32_t cp_of_byte[256]) {
     }
 }
 
+size_t tokenizer_byte_symbol(uint8_t byte, char out[4]) {
+    uint32_t cp_of_byte[256];
+    bpe_byte_alphabet(cp_of_byte);
+    return utf8_encode(cp_of_byte[byte], out);
+}
+
 static int32_t bpe_first_id(const encode_state *es, const char *s, size_t len) {
     return es->tk->byte_token[(uint8_t)s[0]];
 }

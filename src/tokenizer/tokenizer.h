@@ -77,6 +77,13 @@ enum {
 moe_status tokenizer_encode(const tokenizer *tk, const char *text, size_t len, unsigned flags, int32_t **ids,
                             size_t *n_ids, moe_error *err);
 
+/* The text a byte-level BPE vocabulary (tokenizer.ggml.model "gpt2") uses
+ * for the token of one byte: GPT-2's alphabet, where printable bytes stand
+ * for themselves and the others for code points from U+0100. Writes the
+ * UTF-8 (no terminator) and returns its length. For tools that build
+ * vocabularies. */
+size_t tokenizer_byte_symbol(uint8_t byte, char out[4]);
+
 /* --- the vocabulary ----------------------------------------------------- */
 
 uint32_t tokenizer_n_vocab(const tokenizer *tk);
