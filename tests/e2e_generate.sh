@@ -89,5 +89,29 @@ PY
 expect_fail logits_bad_tokens 2 "comma-separated" "$moe" logits -m qwen3moe.gguf --tokens 1,x
 expect_fail logits_out_of_vocab 1 "outside the vocabulary" "$moe" logits -m qwen3moe.gguf --tokens 1,99999
 
+# --- perplexity equals exp(mean NLL) computed from `moe logits` in Python
+printf 'The quick brown fox jumps over the lazy dog. It was the best of times.\n' >ppl.txt
+expect help_perplexity "$moe" perplexity --help
+expect perplexity "$moe" perplexity -m qwen3moe.gguf -f ppl.txt --ctx 16 --max-windows 2
+ids=$("$moe" tokenize -m qwen3moe.gguf -f ppl.txt --ids)
+first32=$(echo "$ids" | cut -d, -f1-32)
+"$moe" logits -m qwen3moe.gguf --tokens "$(echo "$first32" | cut -d, -f1-16)" --out w0.bin >/dev/null 2>&1
+"$moe" logits -m qwen3moe.gguf --tokens "$(echo "$first32" | cut -d, -f17-32)" --out w1.bin >/dev/null 2>&1
+python3 - "$first32" "$(cat perplexity.out)" <<'PY' && ok perplexity_matches_logits || bad perplexity_matches_logits
+import array, math, re, sys
+ids = [int(x) for x in sys.argv[1].split(",")]
+nll = []
+for w, name in enumerate(["w0.bin", "w1.bin"]):
+    a = array.array("f"); a.frombytes(open(name, "rb").read())
+    window = ids[16 * w:16 * w + 16]
+    for i in range(15):
+        row = a[i * 512:(i + 1) * 512]; m = max(row)
+        nll.append(math.log(sum(math.exp(v - m) for v in row)) + m - row[window[i + 1]])
+want = math.exp(sum(nll) / len(nll))
+got = float(re.search(r"perplexity ([0-9.]+)", sys.argv[2]).group(1))
+assert abs(got - want) / want < 1e-4, (got, want)
+PY
+expect_fail perplexity_short_text 1 "fewer than one window" "$moe" perplexity -m qwen3moe.gguf -f ppl.txt --ctx 4096
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

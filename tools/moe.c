@@ -17,6 +17,7 @@ static const command commands[] = {
     {"chat", cmd_chat, "an interactive conversation using the chat template"},
     {"tokenize", cmd_tokenize, "print the tokens of a text"},
     {"logits", cmd_logits, "logits of every position of a token sequence (teacher-forced)"},
+    {"perplexity", cmd_perplexity, "perplexity of a model on a text file"},
     {"inspect", cmd_inspect, "show a GGUF file's metadata, tensors and architecture"},
     {"quantize", cmd_quantize, "re-quantize a GGUF model (q4_k_m, q8_0, ...)"},
     {"synth", cmd_synth, "write a model with random weights at real shapes"},
