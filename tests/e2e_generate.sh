@@ -3,22 +3,10 @@
 # the built program, and their errors on bad input.
 # usage: e2e_generate.sh MOE FIXTURE_MODEL SCRATCH_DIR
 set -u
+here=$(cd "$(dirname "$0")" && pwd)
 moe=$1 dir=$3
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir" || exit 1
-passed=0 failed=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1"; failed=$((failed + 1)); }
-expect() { # expect NAME COMMAND...: the command succeeds
-  local name=$1; shift
-  if "$@" >"$name.out" 2>"$name.err"; then ok "$name"; else bad "$name (exit $?)"; cat "$name.err"; fi
-}
-expect_fail() { # expect_fail NAME STATUS PATTERN COMMAND...: fails with STATUS, stderr matches PATTERN
-  local name=$1 status=$2 pattern=$3; shift 3
-  "$@" >"$name.out" 2>"$name.err" </dev/null
-  local got=$?
-  if [ "$got" -eq "$status" ] && grep -qE -- "$pattern" "$name.err"; then ok "$name"
-  else bad "$name (exit $got, stderr: $(head -c 300 "$name.err"))"; fi
-}
+. "$here/e2e_common.inc"
 
 # --- synth: every architecture, and the help
 expect help_synth "$moe" synth --help
@@ -113,5 +101,4 @@ assert abs(got - want) / want < 1e-4, (got, want)
 PY
 expect_fail perplexity_short_text 1 "fewer than one window" "$moe" perplexity -m qwen3moe.gguf -f ppl.txt --ctx 4096
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+e2e_summary

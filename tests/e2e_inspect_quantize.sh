@@ -2,23 +2,10 @@
 # End-to-end: `moe inspect` and `moe quantize` through the built program.
 # usage: e2e_inspect_quantize.sh MOE FIXTURE_MODEL SCRATCH_DIR
 set -u
-moe=$1 fixture=$2 dir=$3
 here=$(cd "$(dirname "$0")" && pwd)
+moe=$1 fixture=$2 dir=$3
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir" || exit 1
-passed=0 failed=0
-ok() { echo "ok   $1"; passed=$((passed + 1)); }
-bad() { echo "FAIL $1"; failed=$((failed + 1)); }
-expect() { # expect NAME COMMAND...: the command succeeds
-  local name=$1; shift
-  if "$@" >"$name.out" 2>"$name.err"; then ok "$name"; else bad "$name (exit $?)"; cat "$name.err"; fi
-}
-expect_fail() { # expect_fail NAME STATUS PATTERN COMMAND...: fails with STATUS, stderr matches PATTERN
-  local name=$1 status=$2 pattern=$3; shift 3
-  "$@" >"$name.out" 2>"$name.err"
-  local got=$?
-  if [ "$got" -eq "$status" ] && grep -qE -- "$pattern" "$name.err"; then ok "$name"
-  else bad "$name (exit $got, stderr: $(head -c 300 "$name.err"))"; fi
-}
+. "$here/e2e_common.inc"
 json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; }
 
 "$fixture" model.gguf f32 || { echo "cannot build the fixture"; exit 1; }
@@ -102,5 +89,4 @@ else
   echo "skip hf_parser_agrees (run 'npm ci --prefix tests/oracle')"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+e2e_summary

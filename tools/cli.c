@@ -29,3 +29,32 @@ bool cli_parse_int(const char *text, long min, long max, long *out) {
     *out = v;
     return true;
 }
+
+char *cli_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0, got;
+    do {
+        if (n + 4096 > cap) {
+            char *grown = realloc(buf, cap = (n + 4096) * 2);
+            if (!grown) {
+                free(buf);
+                fclose(f);
+                return NULL;
+            }
+            buf = grown;
+        }
+        got = fread(buf + n, 1, cap - n - 1, f);
+        n += got;
+    } while (got > 0);
+    bool failed = ferror(f);
+    fclose(f);
+    if (failed) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}

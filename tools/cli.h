@@ -9,6 +9,7 @@
 #define MOE_TOOLS_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "moe.h"
 
@@ -26,6 +27,10 @@ int cli_fail(const char *command, const moe_error *err);
 
 /* Print a usage error and the hint to run --help; returns 2. */
 int cli_usage_error(const char *command, const char *fmt, ...);
+
+/* The whole of a file, NUL-terminated (len excludes the NUL); NULL when it
+ * cannot be read. Free with free(). */
+char *cli_read_file(const char *path, size_t *len);
 
 /* Parse a decimal integer in [min, max]; false on garbage or overflow. */
 bool cli_parse_int(const char *text, long min, long max, long *out);

@@ -58,18 +58,6 @@ static moe_status score_window(moe_session *s, const int32_t *ids, int n, float 
     return st;
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = size >= 0 ? malloc((size_t)size + 1) : NULL;
-    if (buf) *len = fread(buf, 1, (size_t)size, f);
-    fclose(f);
-    return buf;
-}
-
 static int evaluate(moe_model *m, model_options *mo, const char *text, size_t len, long ctx, long max_windows) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
@@ -138,7 +126,7 @@ int cmd_perplexity(int argc, char **argv) {
     }
     if (!file) return cli_usage_error("perplexity", "no text: pass -f FILE");
     size_t len = 0;
-    char *text = slurp(file, &len);
+    char *text = cli_read_file(file, &len);
     if (!text) return fprintf(stderr, "moe perplexity: cannot read %s\n", file), 1;
     moe_model *m = model_options_load(&mo, "perplexity");
     int status = m ? evaluate(m, &mo, text, len, ctx, max_windows) : model_options_load_status(&mo);

@@ -37,25 +37,6 @@ static void print_help(void) {
     model_options_print_help();
 }
 
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t cap = 0, n = 0, got;
-    do {
-        if (n + 4096 > cap) {
-            char *grown = realloc(buf, cap = (cap + 4096) * 2);
-            if (!grown) break;
-            buf = grown;
-        }
-        got = fread(buf + n, 1, cap - n, f);
-        n += got;
-    } while (got > 0);
-    fclose(f);
-    *len = n;
-    return buf;
-}
-
 typedef struct run_args {
     model_options model;
     const char *prompt;
@@ -83,7 +64,7 @@ static int parse(int argc, char **argv, run_args *a) {
         case 'p': a->prompt = optarg, a->prompt_len = strlen(optarg); break;
         case 'f':
             free(a->prompt_owned);
-            if (!(a->prompt = a->prompt_owned = read_file(optarg, &a->prompt_len))) {
+            if (!(a->prompt = a->prompt_owned = cli_read_file(optarg, &a->prompt_len))) {
                 fprintf(stderr, "moe run: cannot read %s\n", optarg);
                 return 1;
             }

@@ -52,18 +52,6 @@ static void print_tokens(const moe_model *m, const int32_t *ids, size_t n, bool 
     if (ids_only) putchar('\n');
 }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = size >= 0 ? malloc((size_t)size + 1) : NULL;
-    if (buf) *len = fread(buf, 1, (size_t)size, f);
-    fclose(f);
-    return buf;
-}
-
 int cmd_tokenize(int argc, char **argv) {
     static const struct option options[] = {
         {"model", required_argument, NULL, 'm'}, {"prompt", required_argument, NULL, 'p'},
@@ -92,7 +80,7 @@ int cmd_tokenize(int argc, char **argv) {
     if (optind < argc) return cli_usage_error("tokenize", "unexpected argument '%s'", argv[optind]);
     if (!text == !file) return cli_usage_error("tokenize", "pass exactly one of -p TEXT and -f FILE");
     size_t len = text ? strlen(text) : 0;
-    char *owned = file ? slurp(file, &len) : NULL;
+    char *owned = file ? cli_read_file(file, &len) : NULL;
     if (file && !owned) return fprintf(stderr, "moe tokenize: cannot read %s\n", file), 1;
     mo.model.device = MOE_DEVICE_CPU;
     moe_model *m = model_options_load(&mo, "tokenize");
