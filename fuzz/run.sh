@@ -1,34 +1,44 @@
 #!/usr/bin/env bash
-# fuzz/run.sh [SECONDS] — fuzz the GGUF reader and writer for SECONDS
-# (default 60).
+# fuzz/run.sh [SECONDS] [TARGET] — run a libFuzzer target for SECONDS
+# (default 60). TARGET (default gguf):
+#   gguf     the GGUF reader and writer (fuzz_gguf)
+#   request  the server's request layer, JSON body to generation request
+#            and the responses made from it (fuzz_request)
 #
-# Builds the libFuzzer target with clang into build-fuzz, runs it on a
-# working copy of the seed corpus (fuzz/corpus-run/gguf, kept between runs,
-# not committed) with the dictionary fuzz/gguf.dict, and prints libFuzzer's
+# Builds the target with clang into build-fuzz, runs it on a working copy
+# of its seed corpus (fuzz/corpus-run/TARGET, kept between runs, not
+# committed) with the dictionary fuzz/TARGET.dict, and prints libFuzzer's
 # final stats and a summary line. An input that crashes is saved under
-# fuzz/corpus-run/artifacts/; replay it with build-fuzz/fuzz/fuzz_gguf FILE.
+# fuzz/corpus-run/artifacts/; replay it with build-fuzz/fuzz/fuzz_TARGET FILE.
 set -euo pipefail
 
 seconds=${1:-60}
+target=${2:-gguf}
+case $target in
+  gguf) max_len=16384 ;;
+  request) max_len=4096 ;;
+  *) echo "fuzz/run.sh: unknown target '$target' (gguf or request)" >&2; exit 2 ;;
+esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build-fuzz
 work=$root/fuzz/corpus-run
-log=$work/fuzz.log
+log=$work/fuzz_$target.log
+program=$build/fuzz/fuzz_$target
 
-mkdir -p "$work/gguf" "$work/artifacts"
+mkdir -p "$work/$target" "$work/artifacts"
 if ! { cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER=clang -DMOE_FUZZ=ON -DMOE_CUDA=OFF \
          -DCMAKE_BUILD_TYPE=RelWithDebInfo &&
-       cmake --build "$build" --target fuzz_gguf -j"$(nproc)"; } >"$work/build.log" 2>&1; then
+       cmake --build "$build" --target "fuzz_$target" -j"$(nproc)"; } >"$work/build.log" 2>&1; then
     tail -n 40 "$work/build.log"
     echo "fuzz/run.sh: build failed (full log: $work/build.log)" >&2
     exit 1
 fi
-cp -n "$root"/fuzz/corpus/gguf/* "$work/gguf/"
+cp -n "$root/fuzz/corpus/$target"/* "$work/$target/"
 
 crashes_before=$(find "$work/artifacts" -type f | wc -l)
 status=0
-"$build/fuzz/fuzz_gguf" -max_total_time="$seconds" -dict="$root/fuzz/gguf.dict" -max_len=16384 -timeout=10 \
-    -print_final_stats=1 -artifact_prefix="$work/artifacts/" "$work/gguf" >"$log" 2>&1 || status=$?
+"$program" -max_total_time="$seconds" -dict="$root/fuzz/$target.dict" -max_len="$max_len" -timeout=10 \
+    -print_final_stats=1 -artifact_prefix="$work/artifacts/" "$work/$target" >"$log" 2>&1 || status=$?
 crashes=$(( $(find "$work/artifacts" -type f | wc -l) - crashes_before ))
 
 if [ "$status" -ne 0 ]; then
@@ -37,5 +47,5 @@ fi
 grep -E '^(Done|stat::)' "$log" || true
 execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
 elapsed=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log")
-echo "fuzz_gguf: ${execs:-?} executions in ${elapsed:-?} s, ${crashes} crash(es), corpus $(ls "$work/gguf" | wc -l) files"
+echo "fuzz_$target: ${execs:-?} executions in ${elapsed:-?} s, ${crashes} crash(es), corpus $(ls "$work/$target" | wc -l) files"
 exit "$status"

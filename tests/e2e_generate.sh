@@ -39,7 +39,8 @@ cmp -s s1.out s3.out && bad other_seed_other_text || ok other_seed_other_text
 "$moe" run -m qwen3moe.gguf -p "abc" -n 24 --temp 0 -q --seed 2 >g2.out 2>/dev/null
 cmp -s g1.out g2.out && ok greedy_ignores_seed || bad greedy_ignores_seed
 expect_fail run_missing_model 1 "nothing.gguf" "$moe" run -m nothing.gguf -p hi
-expect_fail run_no_model 2 "no model" env -u MOE_MODEL "$moe" run -p hi
+expect run_default_model env -u MOE_MODEL "$moe" run -p "The meaning of life is" -n 8 --seed 1
+expect_fail run_model_from_env 1 "/nonexistent/m.gguf" env MOE_MODEL=/nonexistent/m.gguf "$moe" run -p hi
 expect_fail run_empty_prompt 2 "prompt is empty" "$moe" run -m qwen3moe.gguf -p ""
 expect_fail run_unknown_flag 2 "unknown option" "$moe" run -m qwen3moe.gguf -p hi --frobnicate
 expect_fail run_bad_temp 2 "bad value '-1' for --temp" "$moe" run -m qwen3moe.gguf -p hi --temp -1

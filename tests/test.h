@@ -14,7 +14,8 @@
 #include <stdio.h>
 #include <string.h>
 
-static int test_failures_total, test_failed_now, tests_run, tests_failed;
+/* unused in a file that only includes this header for RUN or test_summary */
+__attribute__((unused)) static int test_failures_total, test_failed_now, tests_run, tests_failed;
 
 #define CHECK(cond)                                                                   \
     do {                                                                              \

@@ -23,7 +23,7 @@ static void write_temp(char *path, const char *text) {
 }
 
 /* Convert, save and read back; NULL when conversion fails (err says why). */
-static gguf_file *convert(const char *json, const char *config, moe_error *err) {
+static gguf_file *convert_sized(const char *json, const char *config, uint32_t n_vocab, moe_error *err) {
     char json_path[] = "/tmp/test_hf_json_XXXXXX", config_path[] = "/tmp/test_hf_config_XXXXXX";
     char gguf_path[] = "/tmp/test_hf_gguf_XXXXXX";
     write_temp(json_path, json);
@@ -31,7 +31,7 @@ static gguf_file *convert(const char *json, const char *config, moe_error *err) 
     write_temp(gguf_path, "");
     gguf_writer *w = gguf_writer_new();
     gguf_file *file = NULL;
-    moe_status st = hf_tokenizer_to_gguf(json_path, config ? config_path : NULL, w, err);
+    moe_status st = hf_tokenizer_to_gguf(json_path, config ? config_path : NULL, n_vocab, w, err);
     if (st == MOE_OK) st = gguf_writer_save(w, gguf_path, err);
     if (st == MOE_OK) st = gguf_open(gguf_path, &file, err);
     gguf_writer_free(w);
@@ -39,6 +39,10 @@ static gguf_file *convert(const char *json, const char *config, moe_error *err) 
     if (config) unlink(config_path);
     unlink(gguf_path);
     return st == MOE_OK ? file : NULL;
+}
+
+static gguf_file *convert(const char *json, const char *config, moe_error *err) {
+    return convert_sized(json, config, 0, err);
 }
 
 static bool str_is(const gguf_file *f, const char *key, const char *want) {
@@ -148,6 +152,13 @@ static void check_refused(const char *json, const char *config, moe_status want,
     gguf_close(f);
 }
 
+static void check_refused_sized(const char *json, uint32_t n_vocab, const char *needle) {
+    moe_error err = {0};
+    gguf_file *f = convert_sized(json, NULL, n_vocab, &err);
+    CHECKF(!f && err.code == MOE_ERR_FORMAT && strstr(err.message, needle), "code %d, \"%s\"", err.code, err.message);
+    gguf_close(f);
+}
+
 static void test_refusals(void) {
     check_refused(variant("\"type\": \"BPE\"", "\"type\": \"WordPiece\""), NULL, MOE_ERR_UNSUPPORTED, "'WordPiece'");
     const char *split =
@@ -174,13 +185,29 @@ static void test_refusals(void) {
 
     moe_error err = {0};
     gguf_writer *w = gguf_writer_new();
-    CHECK(hf_tokenizer_to_gguf("/nonexistent/tokenizer.json", NULL, w, &err) == MOE_ERR_IO);
+    CHECK(hf_tokenizer_to_gguf("/nonexistent/tokenizer.json", NULL, 0, w, &err) == MOE_ERR_IO);
     CHECK(strstr(err.message, "/nonexistent/tokenizer.json") != NULL);
     gguf_writer_free(w);
 }
 
+/* A model with more embedding rows than the tokenizer has ids gets the
+ * rest as placeholders; one with fewer is refused. */
+static void test_model_vocabulary(void) {
+    moe_error err = {0};
+    gguf_file *f = convert_sized(byte_level_json, NULL, 11, &err);
+    CHECKF(f, "%s", err.message);
+    const gguf_array *tokens = f ? array_of(f, "tokenizer.ggml.tokens") : NULL;
+    const gguf_array *types = f ? array_of(f, "tokenizer.ggml.token_type") : NULL;
+    CHECK(tokens && tokens->n == 11 && types && types->n == 11);
+    if (tokens && types && tokens->n == 11)
+        CHECK(gguf_str_eq(gguf_array_get_str(tokens, 10), "[PAD10]") && gguf_array_get_i64(types, 10) == 5);
+    gguf_close(f);
+    check_refused_sized(byte_level_json, 7, "ids up to 7, but the model's vocabulary has 7");
+}
+
 int main(void) {
     RUN(test_byte_level);
+    RUN(test_model_vocabulary);
     RUN(test_sentencepiece);
     RUN(test_refusals);
     return test_summary();

@@ -153,7 +153,7 @@ static tokenizer *convert_and_load(const char *name, const char *json_path, cons
     gguf_file *file = NULL;
     tokenizer *tk = NULL;
     if (!w) return NULL;
-    if (hf_tokenizer_to_gguf(json_path, config_path, w, &err) != MOE_OK)
+    if (hf_tokenizer_to_gguf(json_path, config_path, 0, w, &err) != MOE_OK)
         fail("converting", &err);
     else if (gguf_writer_save(w, path, &err) != MOE_OK)
         fail("writing the GGUF", &err);

@@ -15,12 +15,15 @@
 
 int cmd_inspect(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
 int cmd_synth(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 
 /* Print "moe <command>: <message>" to stderr; returns 1 (the exit status). */
 int cli_fail(const char *command, const moe_error *err);

@@ -43,8 +43,15 @@ const struct option model_long_options[MODEL_OPTIONS_COUNT] = {
     {"seed", required_argument, NULL, OPT_SEED},
 };
 
+/* The demo model that ships in the source tree (models/), used when neither
+ * -m nor $MOE_MODEL names one. */
+#ifndef MOE_DEFAULT_MODEL
+#define MOE_DEFAULT_MODEL NULL
+#endif
+
 void model_options_init(model_options *o) {
     o->model_path = getenv("MOE_MODEL");
+    if (!o->model_path) o->model_path = MOE_DEFAULT_MODEL;
     o->model = moe_model_default_params();
     o->session = moe_session_default_params();
     /* The library's sampler defaults are neutral (no filters); the command
@@ -105,7 +112,8 @@ int model_options_parse(model_options *o, const char *command, int c, const char
 
 void model_options_print_help(void) {
     printf("model:\n"
-           "  -m, --model FILE         the GGUF model (default: $MOE_MODEL)\n"
+           "  -m, --model FILE         the GGUF model (default: $MOE_MODEL, else the shipped\n"
+           "                           demo model models/moe-demo-q8_0.gguf)\n"
            "  --device cpu|cuda|auto   where to run (default: auto)\n"
            "  --threads N              CPU threads (default: all)\n"
            "  --ctx-size N             context positions (default: the model's, at most 4096)\n"

@@ -51,6 +51,7 @@ typedef struct hf_vocab {
     json_t *root, *config; /* owned */
     json_t *model, *vocab; /* borrowed from root */
     uint32_t n;
+    uint32_t n_model; /* the model's vocabulary, 0: none given */
     const char **tokens; /* borrowed from root, or into pads */
     char *pads;
     int32_t *types;
@@ -132,7 +133,10 @@ static moe_status count_tokens(hf_vocab *v, moe_error *err) {
         if (id > max) max = id;
     }
     if (max < 0) return moe_error_set(err, MOE_ERR_FORMAT, "tokenizer.json: the vocabulary is empty");
-    v->n = (uint32_t)max + 1;
+    if (v->n_model && max >= v->n_model)
+        return moe_error_set(err, MOE_ERR_FORMAT, "tokenizer.json has ids up to %lld, but the model's vocabulary has "
+                             "%u", (long long)max, v->n_model);
+    v->n = v->n_model ? v->n_model : (uint32_t)max + 1;
     return MOE_OK;
 }
 
@@ -517,9 +521,9 @@ static moe_status convert(hf_vocab *v, const char *tokenizer_json, const char *c
     return st;
 }
 
-moe_status hf_tokenizer_to_gguf(const char *tokenizer_json, const char *tokenizer_config_json, gguf_writer *w,
-                                moe_error *err) {
-    hf_vocab v = {.bos = -1, .eos = -1, .unk = -1, .pad = -1, .add_bos = -1, .add_eos = -1};
+moe_status hf_tokenizer_to_gguf(const char *tokenizer_json, const char *tokenizer_config_json, uint32_t n_vocab,
+                                gguf_writer *w, moe_error *err) {
+    hf_vocab v = {.n_model = n_vocab, .bos = -1, .eos = -1, .unk = -1, .pad = -1, .add_bos = -1, .add_eos = -1};
     moe_status st = convert(&v, tokenizer_json, tokenizer_config_json, w, err);
     hf_vocab_free(&v);
     return st;

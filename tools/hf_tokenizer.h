@@ -31,8 +31,12 @@
 #include "moe.h"
 
 /* tokenizer_config_json may be NULL (then no special ids beyond the
- * model's unk token, no add_* flags and no chat template are written). */
-moe_status hf_tokenizer_to_gguf(const char *tokenizer_json, const char *tokenizer_config_json, gguf_writer *w,
-                                moe_error *err);
+ * model's unk token, no add_* flags and no chat template are written).
+ * n_vocab is the model's vocabulary (its embedding rows), 0 when there is
+ * no model: ids below it that no token has get placeholders too, as
+ * llama.cpp's converter pads them, so every id the model can produce has a
+ * token; a tokenizer with ids beyond it is refused. */
+moe_status hf_tokenizer_to_gguf(const char *tokenizer_json, const char *tokenizer_config_json, uint32_t n_vocab,
+                                gguf_writer *w, moe_error *err);
 
 #endif

@@ -15,12 +15,15 @@ typedef struct command {
 static const command commands[] = {
     {"run", cmd_run, "generate text from a prompt"},
     {"chat", cmd_chat, "an interactive conversation using the chat template"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server"},
     {"tokenize", cmd_tokenize, "print the tokens of a text"},
     {"logits", cmd_logits, "logits of every position of a token sequence (teacher-forced)"},
     {"perplexity", cmd_perplexity, "perplexity of a model on a text file"},
     {"inspect", cmd_inspect, "show a GGUF file's metadata, tensors and architecture"},
     {"quantize", cmd_quantize, "re-quantize a GGUF model (q4_k_m, q8_0, ...)"},
+    {"convert", cmd_convert, "convert a Hugging Face checkpoint (safetensors) to GGUF"},
     {"synth", cmd_synth, "write a model with random weights at real shapes"},
+    {"bench", cmd_bench, "prompt and generation speed beside the measured ceilings"},
 };
 
 static void print_usage(FILE *out) {

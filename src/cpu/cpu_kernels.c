@@ -21,15 +21,15 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 
-#define X86_TABLE(isa)                                                                        \
-    {                                                                                         \
-        [MOE_TYPE_F32] = cpu_##isa##_dot_f32, [MOE_TYPE_F16] = cpu_##isa##_dot_f16,           \
-        [MOE_TYPE_BF16] = cpu_##isa##_dot_bf16, [MOE_TYPE_Q4_0] = cpu_##isa##_dot_q4_0,       \
-        [MOE_TYPE_Q4_1] = cpu_##isa##_dot_q4_1, [MOE_TYPE_Q5_0] = cpu_##isa##_dot_q5_0,       \
-        [MOE_TYPE_Q5_1] = cpu_##isa##_dot_q5_1, [MOE_TYPE_Q8_0] = cpu_##isa##_dot_q8_0,       \
-        [MOE_TYPE_IQ4_NL] = cpu_##isa##_dot_iq4_nl, [MOE_TYPE_MXFP4] = cpu_##isa##_dot_mxfp4, \
-        [MOE_TYPE_Q4_K] = cpu_##isa##_dot_q4_k, [MOE_TYPE_Q5_K] = cpu_##isa##_dot_q5_k,       \
-        [MOE_TYPE_Q6_K] = cpu_##isa##_dot_q6_k,                                               \
+#define X86_TABLE(isa)                                                                                                 \
+    {                                                                                                                  \
+        [MOE_TYPE_F32] = cpu_##isa##_dot_f32, [MOE_TYPE_F16] = cpu_##isa##_dot_f16,                                    \
+        [MOE_TYPE_BF16] = cpu_##isa##_dot_bf16, [MOE_TYPE_Q4_0] = cpu_##isa##_dot_q4_0,                                \
+        [MOE_TYPE_Q4_1] = cpu_##isa##_dot_q4_1, [MOE_TYPE_Q5_0] = cpu_##isa##_dot_q5_0,                                \
+        [MOE_TYPE_Q5_1] = cpu_##isa##_dot_q5_1, [MOE_TYPE_Q8_0] = cpu_##isa##_dot_q8_0,                                \
+        [MOE_TYPE_IQ4_NL] = cpu_##isa##_dot_iq4_nl, [MOE_TYPE_MXFP4] = cpu_##isa##_dot_mxfp4,                          \
+        [MOE_TYPE_Q4_K] = cpu_##isa##_dot_q4_k, [MOE_TYPE_Q5_K] = cpu_##isa##_dot_q5_k,                                \
+        [MOE_TYPE_Q6_K] = cpu_##isa##_dot_q6_k,                                                                        \
     }
 
 /* Each level's own kernels; NULL where it has none (the portable row is
@@ -51,10 +51,8 @@ static int has_f16c(void) {
  * registers (XCR0), not just that the CPU has the instructions. */
 static cpu_isa detect(void) {
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !has_f16c())
-        return CPU_ISA_PORTABLE;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vnni"))
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !has_f16c()) return CPU_ISA_PORTABLE;
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
         return CPU_ISA_AVX512;
     return CPU_ISA_AVX2;
 }
@@ -91,9 +89,7 @@ cpu_isa cpu_isa_detected(void) {
     return isa_detected;
 }
 
-const char *cpu_isa_name(cpu_isa isa) {
-    return (unsigned)isa < CPU_ISA_COUNT ? isa_names[isa] : NULL;
-}
+const char *cpu_isa_name(cpu_isa isa) { return (unsigned)isa < CPU_ISA_COUNT ? isa_names[isa] : NULL; }
 
 quant_dot_fn cpu_dot_kernel_at(moe_type weight_type, cpu_isa isa) {
     const quant_format *format = quant_format_of((uint32_t)weight_type);

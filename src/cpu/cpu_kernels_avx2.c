@@ -13,7 +13,9 @@
  * states why its pairs stay within int16, which keeps the sums exact;
  * _mm256_madd_epi16 then widens to int32. Weight codes are mostly unsigned
  * already (Q4_0's q - 8 is applied afterwards, as 8 * sum(x)); signed
- * weights move their sign onto the activations (dot_signed).
+ * weights move their sign onto the activations (dot_signed). Blocks of 32
+ * go four at a time so that their fp16 factors convert together; the
+ * weights are prefetched ahead of use (x86_prefetch says why).
  *
  * Results equal the portable kernels' up to the order of float additions;
  * tests/test_cpu_kernels.c measures the difference.
@@ -22,10 +24,8 @@
 
 #if defined(__x86_64__)
 
-#include <immintrin.h>
-
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-#define AVX2_INLINE static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+#define AVX2        __attribute__((target(X86_AVX2_TARGET)))
+#define AVX2_INLINE X86_AVX2_INLINE
 
 AVX2_INLINE __m256i load32(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
 
@@ -38,11 +38,13 @@ AVX2_INLINE float hsum(__m256 v) {
 }
 
 /* 16 bytes of packed nibbles -> 32 bytes 0..15, low nibbles first: element
- * order in every 32-element format. */
+ * order in every 32-element format. The load broadcasts to both halves and
+ * a per-qword shift picks the nibbles, which keeps the work off the one
+ * port that does cross-lane shuffles. */
 AVX2_INLINE __m256i unpack_nibbles(const uint8_t *qs) {
-    const __m128i packed = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+    const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i shifted = _mm256_srlv_epi64(both, _mm256_set_epi64x(4, 4, 0, 0));
+    return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0f));
 }
 
 /* Sums of four products u * x (u unsigned, x signed) as 8 int32. Exact when
@@ -70,22 +72,11 @@ AVX2_INLINE __m256i dot_signed(__m256i w, __m256i x) {
     return dot_unsigned(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
 }
 
-AVX2_INLINE __m256 scale_add(__m256i sums, float scale, __m256 acc) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), acc);
-}
-
-/* acc with v added to lane 0: the per-block term of the formats with a
- * minimum, which does not depend on the elements. */
-AVX2_INLINE __m256 add_lane0(__m256 acc, float v) {
-    return _mm256_add_ps(acc, _mm256_zextps128_ps256(_mm_set_ss(v)));
-}
-
 /* Byte j of the result is 16 where bit j of the little-endian u32 at qh is
  * set, else 0: the fifth bits of a Q5 block's codes. Each byte first takes
  * the byte of qh that holds its bit, then tests its own bit there. */
 AVX2_INLINE __m256i fifth_bits(const uint8_t *qh) {
-    const __m256i which_byte = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                 0x0101010101010101, 0);
+    const __m256i which_byte = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)block_load_u32(qh)), which_byte);
     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
@@ -100,85 +91,170 @@ AVX2_INLINE __m256i lookup_nibbles(const int8_t table[16], const uint8_t *qs) {
 
 /* ---------------------------------------------------------------- blocks of 32 */
 
-AVX2_INLINE __m256 q4_0_block(const block_q4_0 *w, const block_q8_0 *a, __m256 acc) {
-    const __m256i sums = dot_offset(unpack_nibbles(w->qs), 8, load32(a->qs));
-    return scale_add(sums, load_fp16(w->d) * load_fp16(a->d), acc);
+/* acc[k % 2] += sums[k] * scales[k] for four blocks whose factors were
+ * converted together (x86_load4_fp16): each block broadcasts its lane. Two
+ * accumulators, so that consecutive FMAs do not wait for each other. */
+AVX2_INLINE void add_quad(const __m256i sums[4], __m128 scales, __m256 acc[2]) {
+    const __m256 wide = _mm256_castps128_ps256(scales); /* only lanes 0..3 are read */
+    UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m256 scale = _mm256_permutevar8x32_ps(wide, _mm256_set1_epi32(k));
+        acc[k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[k]), scale, acc[k & 1]);
+    }
+}
+
+/* The per-block terms m * s of the formats with a minimum, which do not
+ * depend on the elements, into lanes 0..3. */
+AVX2_INLINE __m256 add_mins(__m256 acc, __m128 mins) { return _mm256_add_ps(acc, _mm256_zextps128_ps256(mins)); }
+
+AVX2_INLINE void q4_0_quad(const block_q4_0 *w, const block_q8_0 *a, __m256 acc[2]) {
+    __m256i sums[4];
+    UNROLL
+    for (int k = 0; k < 4; k++)
+        sums[k] = dot_offset(unpack_nibbles(w[k].qs), 8, load32(a[k].qs));
+    add_quad(sums, _mm_mul_ps(X86_FP16_X4(w, d), X86_FP16_X4(a, d)), acc);
 }
 
 /* Codes 0..15: pairs at most 2 * 15 * 128. */
-AVX2_INLINE __m256 q4_1_block(const block_q4_1 *w, const block_q8_1 *a, __m256 acc) {
-    const __m256i sums = dot_unsigned(unpack_nibbles(w->qs), load32(a->qs));
-    acc = add_lane0(acc, load_fp16(w->m) * load_fp16(a->s));
-    return scale_add(sums, load_fp16(w->d) * load_fp16(a->d), acc);
+AVX2_INLINE void q4_1_quad(const block_q4_1 *w, const block_q8_1 *a, __m256 acc[2]) {
+    __m256i sums[4];
+    UNROLL
+    for (int k = 0; k < 4; k++)
+        sums[k] = dot_unsigned(unpack_nibbles(w[k].qs), load32(a[k].qs));
+    acc[0] = add_mins(acc[0], _mm_mul_ps(X86_FP16_X4(w, m), X86_FP16_X4(a, s)));
+    add_quad(sums, _mm_mul_ps(X86_FP16_X4(w, d), X86_FP16_X4(a, d)), acc);
 }
 
-AVX2_INLINE __m256 q5_0_block(const block_q5_0 *w, const block_q8_0 *a, __m256 acc) {
-    const __m256i codes = _mm256_or_si256(unpack_nibbles(w->qs), fifth_bits(w->qh));
-    return scale_add(dot_offset(codes, 16, load32(a->qs)), load_fp16(w->d) * load_fp16(a->d), acc);
+AVX2_INLINE void q5_0_quad(const block_q5_0 *w, const block_q8_0 *a, __m256 acc[2]) {
+    __m256i sums[4];
+    UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m256i codes = _mm256_or_si256(unpack_nibbles(w[k].qs), fifth_bits(w[k].qh));
+        sums[k] = dot_offset(codes, 16, load32(a[k].qs));
+    }
+    add_quad(sums, _mm_mul_ps(X86_FP16_X4(w, d), X86_FP16_X4(a, d)), acc);
 }
 
 /* Codes 0..31: pairs at most 2 * 31 * 128. */
-AVX2_INLINE __m256 q5_1_block(const block_q5_1 *w, const block_q8_1 *a, __m256 acc) {
-    const __m256i codes = _mm256_or_si256(unpack_nibbles(w->qs), fifth_bits(w->qh));
-    acc = add_lane0(acc, load_fp16(w->m) * load_fp16(a->s));
-    return scale_add(dot_unsigned(codes, load32(a->qs)), load_fp16(w->d) * load_fp16(a->d), acc);
+AVX2_INLINE void q5_1_quad(const block_q5_1 *w, const block_q8_1 *a, __m256 acc[2]) {
+    __m256i sums[4];
+    UNROLL
+    for (int k = 0; k < 4; k++) {
+        const __m256i codes = _mm256_or_si256(unpack_nibbles(w[k].qs), fifth_bits(w[k].qh));
+        sums[k] = dot_unsigned(codes, load32(a[k].qs));
+    }
+    acc[0] = add_mins(acc[0], _mm_mul_ps(X86_FP16_X4(w, m), X86_FP16_X4(a, s)));
+    add_quad(sums, _mm_mul_ps(X86_FP16_X4(w, d), X86_FP16_X4(a, d)), acc);
 }
 
-AVX2_INLINE __m256 q8_0_block(const block_q8_0 *w, const block_q8_0 *a, __m256 acc) {
-    const __m256i sums = dot_signed(load32(w->qs), load32(a->qs));
-    return scale_add(sums, load_fp16(w->d) * load_fp16(a->d), acc);
+AVX2_INLINE void q8_0_quad(const block_q8_0 *w, const block_q8_0 *a, __m256 acc[2]) {
+    __m256i sums[4];
+    UNROLL
+    for (int k = 0; k < 4; k++)
+        sums[k] = dot_signed(load32(w[k].qs), load32(a[k].qs));
+    add_quad(sums, _mm_mul_ps(X86_FP16_X4(w, d), X86_FP16_X4(a, d)), acc);
 }
 
-AVX2_INLINE __m256 iq4_nl_block(const block_iq4_nl *w, const block_q8_0 *a, __m256 acc) {
-    const __m256i sums = dot_signed(lookup_nibbles(x86_iq4_nl_values, w->qs), load32(a->qs));
-    return scale_add(sums, load_fp16(w->d) * load_fp16(a->d), acc);
+AVX2_INLINE void iq4_nl_quad(const block_iq4_nl *w, const block_q8_0 *a, __m256 acc[2]) {
+    __m256i sums[4];
+    UNROLL
+    for (int k = 0; k < 4; k++)
+        sums[k] = dot_signed(lookup_nibbles(x86_iq4_nl_values, w[k].qs), load32(a[k].qs));
+    add_quad(sums, _mm_mul_ps(X86_FP16_X4(w, d), X86_FP16_X4(a, d)), acc);
 }
 
-AVX2_INLINE __m256 mxfp4_block(const block_mxfp4 *w, const block_q8_0 *a, __m256 acc) {
-    const __m256i sums = dot_signed(lookup_nibbles(x86_mxfp4_values, w->qs), load32(a->qs));
-    return scale_add(sums, load_fp16(a->d) * x86_mxfp4_half_scale(w->e), acc);
+AVX2_INLINE void mxfp4_quad(const block_mxfp4 *w, const block_q8_0 *a, __m256 acc[2]) {
+    __m256i sums[4];
+    UNROLL
+    for (int k = 0; k < 4; k++)
+        sums[k] = dot_signed(lookup_nibbles(x86_mxfp4_values, w[k].qs), load32(a[k].qs));
+    add_quad(sums, _mm_mul_ps(X86_FP16_X4(a, d), x86_mxfp4_scales(w)), acc);
 }
+
+/* A kernel over blocks of 32, four at a time. The last 1..3 blocks are
+ * copied next to zero blocks, whose products and factors are 0, so they
+ * take the same path. */
+#define QUAD_KERNEL(name, quad_fn, w_type, a_type)                                                                     \
+    AVX2 float name(const void *weights, const void *activations, int64_t n) {                                         \
+        const w_type *w = weights;                                                                                     \
+        const a_type *a = activations;                                                                                 \
+        const int64_t blocks = n / 32;                                                                                 \
+        __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};                                                    \
+        int64_t i = 0;                                                                                                 \
+        for (; i + 4 <= blocks; i += 4) {                                                                              \
+            x86_prefetch(&w[i], 4 * sizeof *w);                                                                        \
+            quad_fn(&w[i], &a[i], acc);                                                                                \
+        }                                                                                                              \
+        if (i < blocks) {                                                                                              \
+            w_type w_last[4] = {0};                                                                                    \
+            a_type a_last[4] = {0};                                                                                    \
+            memcpy(w_last, &w[i], (size_t)(blocks - i) * sizeof *w);                                                   \
+            memcpy(a_last, &a[i], (size_t)(blocks - i) * sizeof *a);                                                   \
+            quad_fn(w_last, a_last, acc);                                                                              \
+        }                                                                                                              \
+        return hsum(_mm256_add_ps(acc[0], acc[1]));                                                                    \
+    }
+
+QUAD_KERNEL(cpu_avx2_dot_q4_0, q4_0_quad, block_q4_0, block_q8_0)
+QUAD_KERNEL(cpu_avx2_dot_q4_1, q4_1_quad, block_q4_1, block_q8_1)
+QUAD_KERNEL(cpu_avx2_dot_q5_0, q5_0_quad, block_q5_0, block_q8_0)
+QUAD_KERNEL(cpu_avx2_dot_q5_1, q5_1_quad, block_q5_1, block_q8_1)
+QUAD_KERNEL(cpu_avx2_dot_q8_0, q8_0_quad, block_q8_0, block_q8_0)
+QUAD_KERNEL(cpu_avx2_dot_iq4_nl, iq4_nl_quad, block_iq4_nl, block_q8_0)
+QUAD_KERNEL(cpu_avx2_dot_mxfp4, mxfp4_quad, block_mxfp4, block_q8_0)
 
 /* ---------------------------------------------------------------- K-quants */
 
-/* m_j * (bsum_2j + bsum_2j+1) for the eight sub-blocks of 32, as int32:
- * each min repeated for the two bsums of its sub-block, which madd pairs. */
-AVX2_INLINE __m256i k_min_sums(const uint8_t mins[8], const block_q8_k *a) {
-    const __m128i m = _mm_loadl_epi64((const __m128i *)mins);
-    return _mm256_madd_epi16(load32(a->bsums), _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m)));
+AVX2_INLINE __m256 scale_add(__m256i sums, float scale, __m256 acc) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(scale), acc);
+}
+
+/* Int16 element j of each 128-bit half, everywhere in that half: the byte
+ * indices for _mm256_shuffle_epi8. */
+AVX2_INLINE __m256i pick_int16(int j_low, int j_high) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)((2 * j_high + 1) << 8 | 2 * j_high)),
+                            _mm_set1_epi16((short)((2 * j_low + 1) << 8 | 2 * j_low)));
 }
 
 /* The scale-and-min super-block (Q4_K, Q5_K) once its codes are unpacked:
  * lo[g] and hi[g] hold the codes of sub-blocks 2g and 2g + 1. Codes 0..31
  * bound a maddubs pair by 2 * 31 * 128; an int32 lane gathers 32 products
- * times a 6-bit scale, below 2^24, so it also converts to float exactly. */
-AVX2_INLINE __m256 k_scale_min_sum(const __m256i lo[4], const __m256i hi[4], const uint8_t sm[16],
-                                   const uint8_t *d, const uint8_t *dmin, const block_q8_k *a,
-                                   __m256 acc) {
+ * times a 6-bit scale, below 2^24, so it also converts to float exactly.
+ * The eight scales, as int16 in both halves of one register, are picked
+ * per sub-block with an in-lane shuffle. The mins enter through the
+ * activations' bsums: m_j * (bsum_2j + bsum_2j+1), each min repeated for
+ * the two bsums of its sub-block, which madd pairs. */
+AVX2_INLINE __m256 k_scale_min_sum(const __m256i lo[4], const __m256i hi[4], const uint8_t *packed_scales,
+                                   const uint8_t *d, const uint8_t *dmin, const block_q8_k *a, __m256 acc) {
+    const __m128i scales_mins = x86_k_scales_unpack(packed_scales);
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scales_mins));
     __m256i sums = _mm256_setzero_si256();
+    UNROLL
     for (int g = 0; g < 4; g++) {
         const __m256i p_lo = _mm256_maddubs_epi16(lo[g], load32(a->qs + 64 * g));
         const __m256i p_hi = _mm256_maddubs_epi16(hi[g], load32(a->qs + 64 * g + 32));
-        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(p_lo, _mm256_set1_epi16(sm[2 * g])));
-        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(p_hi, _mm256_set1_epi16(sm[2 * g + 1])));
+        const __m256i s_lo = _mm256_shuffle_epi8(scales, pick_int16(2 * g, 2 * g));
+        const __m256i s_hi = _mm256_shuffle_epi8(scales, pick_int16(2 * g + 1, 2 * g + 1));
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(p_lo, s_lo));
+        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(p_hi, s_hi));
     }
+    const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(scales_mins, scales_mins));
+    const __m256i min_sums = _mm256_madd_epi16(load32(a->bsums), mins);
     const float ad = k_q8_d(a);
     acc = scale_add(sums, load_fp16(d) * ad, acc);
-    const __m256 mins = _mm256_cvtepi32_ps(k_min_sums(sm + 8, a));
-    return _mm256_fnmadd_ps(mins, _mm256_set1_ps(load_fp16(dmin) * ad), acc);
+    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_sums), _mm256_set1_ps(load_fp16(dmin) * ad), acc);
 }
 
 AVX2_INLINE __m256 q4_k_block(const block_q4_k *w, const block_q8_k *a, __m256 acc) {
-    uint8_t sm[16];
-    x86_k_scales_unpack(w->scales, sm);
     const __m256i low = _mm256_set1_epi8(0x0f);
     __m256i lo[4], hi[4];
+    UNROLL
     for (int g = 0; g < 4; g++) {
         const __m256i q = load32(w->qs + 32 * g);
         lo[g] = _mm256_and_si256(q, low);
         hi[g] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
     }
-    return k_scale_min_sum(lo, hi, sm, w->d, w->dmin, a, acc);
+    return k_scale_min_sum(lo, hi, w->scales, w->d, w->dmin, a, acc);
 }
 
 /* Q5_K's fifth bits: bit 2g (2g + 1) of qh byte l belongs to the first
@@ -188,10 +264,9 @@ AVX2_INLINE __m256 q4_k_block(const block_q4_k *w, const block_q8_k *a, __m256 a
  * 0x10 mask drops: a low byte's bits 0..1 stay its own for up to 6 bits of
  * right shift. */
 AVX2_INLINE __m256 q5_k_block(const block_q5_k *w, const block_q8_k *a, __m256 acc) {
-    uint8_t sm[16];
-    x86_k_scales_unpack(w->scales, sm);
     const __m256i low = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
     __m256i high = load32(w->qh), lo[4], hi[4];
+    UNROLL
     for (int g = 0; g < 4; g++) {
         const __m256i q = load32(w->qs + 32 * g);
         lo[g] = _mm256_or_si256(_mm256_and_si256(q, low), _mm256_and_si256(_mm256_slli_epi16(high, 4), bit4));
@@ -199,7 +274,7 @@ AVX2_INLINE __m256 q5_k_block(const block_q5_k *w, const block_q8_k *a, __m256 a
                                 _mm256_and_si256(_mm256_slli_epi16(high, 3), bit4));
         high = _mm256_srli_epi16(high, 2);
     }
-    return k_scale_min_sum(lo, hi, sm, w->d, w->dmin, a, acc);
+    return k_scale_min_sum(lo, hi, w->scales, w->d, w->dmin, a, acc);
 }
 
 /* The four runs of 32 codes (0..63) of one half of a Q6_K block, from its
@@ -218,60 +293,51 @@ AVX2_INLINE void q6_k_codes(const uint8_t *ql, const uint8_t *qh, __m256i codes[
 /* Q6_K's codes are q + 32 with q signed; they stay unsigned (0..63, a
  * maddubs pair at most 2 * 63 * 128) and the offset leaves at the end as
  * 32 * sum_j scale_j * bsum_j. Run k of half h spans sub-blocks 8h + 2k and
- * 8h + 2k + 1: `pick` gathers their scales into the low and high 8 int16. */
+ * 8h + 2k + 1, whose scales an in-lane shuffle picks from the half's eight,
+ * held as int16 in both halves of a register. */
 AVX2_INLINE __m256 q6_k_block(const block_q6_k *w, const block_q8_k *a, __m256 acc) {
-    const __m128i scales = _mm_loadu_si128((const __m128i *)w->scales);
-    __m128i pick = _mm_set_epi64x(0x0101010101010101, 0);
     __m256i sums = _mm256_setzero_si256(), codes[4];
+    UNROLL
     for (int h = 0; h < 2; h++) {
+        const __m128i half_scales = _mm_loadl_epi64((const __m128i *)(w->scales + 8 * h));
+        const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(half_scales));
         q6_k_codes(w->ql + 64 * h, w->qh + 32 * h, codes);
+        UNROLL
         for (int k = 0; k < 4; k++) {
             const __m256i p = _mm256_maddubs_epi16(codes[k], load32(a->qs + 128 * h + 32 * k));
-            const __m256i sc = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(scales, pick));
+            const __m256i sc = _mm256_shuffle_epi8(scales, pick_int16(2 * k, 2 * k + 1));
             sums = _mm256_add_epi32(sums, _mm256_madd_epi16(p, sc));
-            pick = _mm_add_epi8(pick, _mm_set1_epi8(2));
         }
     }
-    const __m256i offset = _mm256_madd_epi16(load32(a->bsums), _mm256_cvtepi8_epi16(scales));
+    const __m256i all_scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w->scales));
+    const __m256i offset = _mm256_madd_epi16(load32(a->bsums), all_scales);
     sums = _mm256_sub_epi32(sums, _mm256_slli_epi32(offset, 5));
     return scale_add(sums, load_fp16(w->d) * k_q8_d(a), acc);
 }
 
-/* ---------------------------------------------------------------- kernels */
-
-/* A block kernel: blocks i and i + 1 go to separate accumulators so that
- * consecutive FMAs do not wait for each other. */
-#define BLOCK_KERNEL(name, block_fn, w_type, a_type, block_elems)               \
-    AVX2 float name(const void *weights, const void *activations, int64_t n) { \
-        const w_type *w = weights;                                             \
-        const a_type *a = activations;                                         \
-        const int64_t blocks = n / (block_elems);                              \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();         \
-        int64_t i = 0;                                                         \
-        for (; i + 1 < blocks; i += 2) {                                       \
-            acc0 = block_fn(&w[i], &a[i], acc0);                               \
-            acc1 = block_fn(&w[i + 1], &a[i + 1], acc1);                       \
-        }                                                                      \
-        if (i < blocks) acc0 = block_fn(&w[i], &a[i], acc0);                   \
-        return hsum(_mm256_add_ps(acc0, acc1));                                \
+/* A super-block kernel; each super-block has ample independent work, so one
+ * accumulator will do. */
+#define SUPER_KERNEL(name, block_fn, w_type)                                                                           \
+    AVX2 float name(const void *weights, const void *activations, int64_t n) {                                         \
+        const w_type *w = weights;                                                                                     \
+        const block_q8_k *a = activations;                                                                             \
+        __m256 acc = _mm256_setzero_ps();                                                                              \
+        for (int64_t i = 0; i < n / QK_K; i++) {                                                                       \
+            x86_prefetch(&w[i], sizeof *w);                                                                            \
+            acc = block_fn(&w[i], &a[i], acc);                                                                         \
+        }                                                                                                              \
+        return hsum(acc);                                                                                              \
     }
 
-BLOCK_KERNEL(cpu_avx2_dot_q4_0, q4_0_block, block_q4_0, block_q8_0, 32)
-BLOCK_KERNEL(cpu_avx2_dot_q4_1, q4_1_block, block_q4_1, block_q8_1, 32)
-BLOCK_KERNEL(cpu_avx2_dot_q5_0, q5_0_block, block_q5_0, block_q8_0, 32)
-BLOCK_KERNEL(cpu_avx2_dot_q5_1, q5_1_block, block_q5_1, block_q8_1, 32)
-BLOCK_KERNEL(cpu_avx2_dot_q8_0, q8_0_block, block_q8_0, block_q8_0, 32)
-BLOCK_KERNEL(cpu_avx2_dot_iq4_nl, iq4_nl_block, block_iq4_nl, block_q8_0, 32)
-BLOCK_KERNEL(cpu_avx2_dot_mxfp4, mxfp4_block, block_mxfp4, block_q8_0, 32)
-BLOCK_KERNEL(cpu_avx2_dot_q4_k, q4_k_block, block_q4_k, block_q8_k, QK_K)
-BLOCK_KERNEL(cpu_avx2_dot_q5_k, q5_k_block, block_q5_k, block_q8_k, QK_K)
-BLOCK_KERNEL(cpu_avx2_dot_q6_k, q6_k_block, block_q6_k, block_q8_k, QK_K)
+SUPER_KERNEL(cpu_avx2_dot_q4_k, q4_k_block, block_q4_k)
+SUPER_KERNEL(cpu_avx2_dot_q5_k, q5_k_block, block_q5_k)
+SUPER_KERNEL(cpu_avx2_dot_q6_k, q6_k_block, block_q6_k)
+
+/* ---------------------------------------------------------------- floats */
 
 /* Eight weights as floats, and one for the tail, from any address. */
 AVX2_INLINE __m256 load8_f32(const uint8_t *p) { return _mm256_loadu_ps((const float *)p); }
-AVX2_INLINE __m256 load8_f16(const uint8_t *p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
+AVX2_INLINE __m256 load8_f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 AVX2_INLINE __m256 load8_bf16(const uint8_t *p) {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
@@ -282,22 +348,24 @@ AVX2_INLINE float load1_bf16(const uint8_t *p) { return block_bf16_to_f32(block_
 
 /* A float kernel: four accumulators of 8 lanes, then 8 at a time, then one
  * at a time for the last n % 8. */
-#define FLOAT_KERNEL(name, load8, load1, bytes)                                        \
-    AVX2 float name(const void *weights, const void *activations, int64_t n) {         \
-        const uint8_t *w = weights;                                                    \
-        const float *x = activations;                                                  \
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), \
-                         _mm256_setzero_ps()};                                         \
-        int64_t i = 0;                                                                 \
-        for (; i + 32 <= n; i += 32)                                                   \
-            for (int k = 0; k < 4; k++)                                                \
-                acc[k] = _mm256_fmadd_ps(load8(w + (i + 8 * k) * (bytes)),             \
-                                         _mm256_loadu_ps(x + i + 8 * k), acc[k]);      \
-        for (; i + 8 <= n; i += 8)                                                     \
-            acc[0] = _mm256_fmadd_ps(load8(w + i * (bytes)), _mm256_loadu_ps(x + i), acc[0]); \
-        float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]))); \
-        for (; i < n; i++) sum += load1(w + i * (bytes)) * x[i];                       \
-        return sum;                                                                    \
+#define FLOAT_KERNEL(name, load8, load1, bytes)                                                                        \
+    AVX2 float name(const void *weights, const void *activations, int64_t n) {                                         \
+        const uint8_t *w = weights;                                                                                    \
+        const float *x = activations;                                                                                  \
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};          \
+        int64_t i = 0;                                                                                                 \
+        for (; i + 32 <= n; i += 32) {                                                                                 \
+            x86_prefetch(w + i * (bytes), 32 * (bytes));                                                               \
+            UNROLL                                                                                                     \
+            for (int k = 0; k < 4; k++)                                                                                \
+                acc[k] = _mm256_fmadd_ps(load8(w + (i + 8 * k) * (bytes)), _mm256_loadu_ps(x + i + 8 * k), acc[k]);    \
+        }                                                                                                              \
+        for (; i + 8 <= n; i += 8)                                                                                     \
+            acc[0] = _mm256_fmadd_ps(load8(w + i * (bytes)), _mm256_loadu_ps(x + i), acc[0]);                          \
+        float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));                 \
+        for (; i < n; i++)                                                                                             \
+            sum += load1(w + i * (bytes)) * x[i];                                                                      \
+        return sum;                                                                                                    \
     }
 
 FLOAT_KERNEL(cpu_avx2_dot_f32, load8_f32, load1_f32, 4)

@@ -3,8 +3,10 @@
  *
  * A model couples the bound weights with the tokenizer of the same file. A
  * session owns a backend state (the KV cache and activations), the sampler
- * and the logits of the last position. The CPU backend is the one built
- * here; the CUDA backend plugs in beside it.
+ * and the logits of the last position. The backend is chosen when the model
+ * loads: CUDA for MOE_DEVICE_CUDA, or for MOE_DEVICE_AUTO when the build
+ * has CUDA and the machine a GPU; the CPU otherwise. Sessions then call
+ * cpu_forward or cuda_forward, which take the same arguments.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +27,7 @@ moe_model_params moe_model_default_params(void) { return (moe_model_params){MOE_
 moe_status moe_model_load(const char *path, const moe_model_params *params, moe_model **out, moe_error *err) {
     *out = NULL;
     moe_model_params p = params ? *params : moe_model_default_params();
-    if (p.device == MOE_DEVICE_CUDA)
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "this build of moe.c has no CUDA backend (use --device cpu)");
+    bool use_cuda = p.device == MOE_DEVICE_CUDA || (p.device == MOE_DEVICE_AUTO && cuda_available());
     moe_model *m = calloc(1, sizeof *m);
     if (!m) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     m->params = p;
@@ -38,6 +39,7 @@ moe_status moe_model_load(const char *path, const moe_model_params *params, moe_
     if (st == MOE_OK && tokenizer_n_vocab(m->tok) > (uint32_t)m->weights->config.n_vocab)
         st = moe_error_set(err, MOE_ERR_FORMAT, "%s: the vocabulary has %u tokens but the embedding only %d rows", path,
                            tokenizer_n_vocab(m->tok), m->weights->config.n_vocab);
+    if (st == MOE_OK && use_cuda) st = cuda_model_new(m->weights, &m->gpu, err);
     if (st != MOE_OK) {
         moe_model_free(m);
         return st;
@@ -49,6 +51,7 @@ moe_status moe_model_load(const char *path, const moe_model_params *params, moe_
 void moe_model_free(moe_model *m) {
     if (!m) return;
     tokenizer_free(m->tok);
+    cuda_model_free(m->gpu);
     model_free(m->weights);
     free(m);
 }
@@ -56,7 +59,7 @@ void moe_model_free(moe_model *m) {
 int moe_model_n_vocab(const moe_model *m) { return m->weights->config.n_vocab; }
 int moe_model_n_ctx_train(const moe_model *m) { return m->weights->config.n_ctx_train; }
 const char *moe_model_arch(const moe_model *m) { return m->weights->config.arch->name; }
-const char *moe_model_device(const moe_model *m) { return "cpu"; }
+const char *moe_model_device(const moe_model *m) { return m->gpu ? "cuda" : "cpu"; }
 
 /* ------------------------------------------------------------ text */
 
@@ -113,7 +116,8 @@ moe_status moe_session_new(moe_model *m, const moe_session_params *params, moe_s
     int n_vocab = m->weights->config.n_vocab;
     sampler_params sp = to_sampler_params(&s->params.sampling);
     moe_status st = sampler_init(&s->sampler, &sp, n_vocab, err);
-    if (st == MOE_OK)
+    if (st == MOE_OK && m->gpu) st = cuda_state_new(m->gpu, s->params.n_ctx, NULL, &s->gpu, err);
+    else if (st == MOE_OK)
         st = cpu_state_new(m->weights, s->params.n_ctx, s->params.n_batch, m->params.n_threads, &s->cpu, err);
     if (st == MOE_OK && (!(s->logits = malloc((size_t)n_vocab * sizeof(float))) ||
                          !(s->tokens = malloc((size_t)s->params.n_ctx * sizeof *s->tokens))))
@@ -129,6 +133,7 @@ moe_status moe_session_new(moe_model *m, const moe_session_params *params, moe_s
 void moe_session_free(moe_session *s) {
     if (!s) return;
     cpu_state_free(s->cpu);
+    cuda_state_free(s->gpu);
     sampler_free(&s->sampler);
     free(s->logits);
     free(s->tokens);
@@ -146,7 +151,9 @@ static moe_status check_room(const moe_session *s, size_t n, moe_error *err) {
 
 moe_status moe_session_feed(moe_session *s, const int32_t *ids, size_t n, moe_error *err) {
     moe_status st = check_room(s, n, err);
-    if (st == MOE_OK) st = cpu_forward(s->cpu, ids, (int)n, s->pos, s->logits, false, err);
+    if (st == MOE_OK)
+        st = s->gpu ? cuda_forward(s->gpu, ids, (int)n, s->pos, s->logits, false, err)
+                    : cpu_forward(s->cpu, ids, (int)n, s->pos, s->logits, false, err);
     if (st != MOE_OK) return st;
     memcpy(s->tokens + s->pos, ids, n * sizeof *ids);
     s->pos += (int)n;
@@ -156,7 +163,9 @@ moe_status moe_session_feed(moe_session *s, const int32_t *ids, size_t n, moe_er
 
 moe_status moe_session_feed_all_logits(moe_session *s, const int32_t *ids, size_t n, float *logits, moe_error *err) {
     moe_status st = check_room(s, n, err);
-    if (st == MOE_OK) st = cpu_forward(s->cpu, ids, (int)n, s->pos, logits, true, err);
+    if (st == MOE_OK)
+        st = s->gpu ? cuda_forward(s->gpu, ids, (int)n, s->pos, logits, true, err)
+                    : cpu_forward(s->cpu, ids, (int)n, s->pos, logits, true, err);
     if (st != MOE_OK) return st;
     size_t vocab = (size_t)s->model->weights->config.n_vocab;
     memcpy(s->logits, logits + (n - 1) * vocab, vocab * sizeof(float));

@@ -5,6 +5,7 @@
 #define MOE_ENGINE_INTERNAL_H
 
 #include "cpu/cpu.h"
+#include "cuda/cuda_backend.h"
 #include "model/model.h"
 #include "moe.h"
 #include "sample/sample.h"
@@ -14,12 +15,14 @@ struct moe_model {
     model *weights;
     tokenizer *tok;
     moe_model_params params;
+    cuda_model *gpu; /* the weights on the GPU, or NULL: the CPU runs the model */
 };
 
 struct moe_session {
     moe_model *model;
     moe_session_params params;
-    cpu_state *cpu;
+    cpu_state *cpu;  /* exactly one of cpu and gpu is set */
+    cuda_state *gpu;
     sampler sampler;
     float *logits; /* (n_vocab) of the last token fed */
     int32_t *tokens; /* (n_ctx) what the cache holds, by position */

@@ -51,7 +51,7 @@ static long earliest_stop(const stop_filter *f) {
 }
 
 moe_status stop_filter_push(stop_filter *f, const char *text, size_t len) {
-    if (f->state != STOP_FILTER_GOING) return MOE_OK;
+    if (f->state != STOP_FILTER_GOING || len == 0) return MOE_OK;
     if (f->len + len > f->cap) {
         size_t cap = (f->len + len) * 2 + 64;
         char *grown = realloc(f->pending, cap);

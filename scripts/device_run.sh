@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# scripts/device_run.sh — the one command the GPU machine runs for the CUDA
+# backend (issue 5): build, check every kernel and whole models against the
+# CPU, benchmark the synthetic Qwen3-30B-A3B, and leave logs and a results
+# page in $OUT. Made to end inside 9 minutes: every step has its own time
+# limit and a step that fails or times out does not stop the ones after it.
+#
+# Needs: the .deb files of scripts/fetch_debs.sh in .debs/ (carried), nvcc,
+# cmake and a GPU. Run from anywhere:  bash scripts/device_run.sh
+#
+# $OUT gets (8 files at most come back):
+#   results.md   the summary (also printed last)
+#   bench.md     moe bench, llama-bench style, beside the measured read bandwidth
+#   bench.json   the same as JSON
+#   build.log    configure + build, with ptxas' registers/spills per kernel
+#   kernels.log  tests/test_cuda_kernels (every GEMV type, experts by id)
+#   forward.log  tests/test_cuda_forward (tiny/small models of every
+#                architecture) and the engine test, moe run --device cuda
+#   forward30b.log  the 30B-A3B q4_k file: GPU vs CPU over 64 positions
+#   env.txt      nvidia-smi, nvcc, SASS facts (16-byte loads, local memory)
+set -u
+OUT=${OUT:-/tmp/moe-device-out}
+mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+T0=$(date +%s)
+elapsed() { echo $(($(date +%s) - T0)); }
+log() { echo "[$(elapsed)s] $*"; }
+declare -A STATUS
+
+# step NAME LIMIT_S LOGFILE CMD...: run with a time limit, append to the log,
+# remember the exit status.
+step() {
+    local name=$1 limit=$2 logf=$3
+    shift 3
+    log "$name (limit ${limit}s)"
+    echo "=== $name: $*" >>"$logf"
+    timeout --kill-after=5 "$limit" "$@" >>"$logf" 2>&1
+    local rc=$?
+    STATUS[$name]=$rc
+    log "$name: exit $rc"
+    return $rc
+}
+
+# ---------------------------------------------------------------- packages
+PREFIX=/tmp/moe-prefix
+rm -rf "$PREFIX" && mkdir -p "$PREFIX"
+for f in .debs/*.deb; do dpkg -x "$f" "$PREFIX"; done
+LIBDIR=$PREFIX/usr/lib/x86_64-linux-gnu
+# our binaries find libmicrohttpd and friends here (GnuTLS only if the image lacks it)
+export LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PATH=/usr/local/cuda/bin:$PATH
+
+{
+    echo "# environment"
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1
+    nvcc --version 2>&1 | tail -2
+    cmake --version | head -1
+    nproc
+    free -g | head -2
+} >"$OUT/env.txt" 2>&1
+
+# ---------------------------------------------------------------- build
+BUILD=/tmp/moe-build
+GEN=""
+command -v ninja >/dev/null && GEN="-G Ninja"
+step configure 120 "$OUT/build.log" cmake -S . -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=ON \
+    -DMOE_CUDA_VERBOSE=ON -DMOE_BENCH=OFF -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DCMAKE_LIBRARY_PATH="$LIBDIR"
+step build 330 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)" --target moe test_cuda_kernels test_cuda_forward test_engine
+MOE=$BUILD/moe
+
+# what the compiler made of the kernels: registers, spills, 16-byte loads
+{
+    echo
+    echo "# ptxas: kernels with stack frames or spills (none expected but the attention's libm calls)"
+    grep -E "Compiling entry|Used|spill" "$OUT/build.log" | paste - - - 2>/dev/null | grep -vE "0 bytes stack frame, 0 bytes spill stores" | sed -E 's/ptxas info *: //g' | cut -c1-240 | head -20
+    echo
+    echo "# SASS per gemv/ffn kernel: 128-bit global loads, local memory loads/stores"
+    if command -v cuobjdump >/dev/null; then
+        cuobjdump -sass "$BUILD"/CMakeFiles/moecore.dir/src/cuda/q4_k.cu.o "$BUILD"/CMakeFiles/moecore.dir/src/cuda/q6_k.cu.o 2>/dev/null |
+            awk '/Function : /{name=$3} /LDG\.E\.(128|ENL2\.128|.*128)/{g[name]++} /LDL|STL/{l[name]++} END{for (n in g) printf "%-60s LDG.128 %4d  LDL/STL %d\n", n, g[n], l[n]+0}' | sort
+    else
+        echo "cuobjdump not found"
+    fi
+} >>"$OUT/env.txt" 2>&1
+
+# ---------------------------------------------------------------- model for the benchmark (in the background)
+MODEL=/tmp/qwen3-30b-a3b-q4_k.gguf
+if [ -x "$MOE" ]; then
+    log "synth qwen3-30b-a3b q4_k in the background"
+    (timeout 240 "$MOE" synth --preset qwen3-30b-a3b --type q4_k "$MODEL" >"$OUT/synth.tmp" 2>&1; echo "synth exit $?" >>"$OUT/synth.tmp") &
+    SYNTH_PID=$!
+fi
+
+# ---------------------------------------------------------------- tests
+if [ -x "$BUILD/tests/test_cuda_kernels" ]; then
+    step kernels 120 "$OUT/kernels.log" "$BUILD/tests/test_cuda_kernels"
+fi
+if [ -x "$BUILD/tests/test_cuda_forward" ]; then
+    step forward 200 "$OUT/forward.log" "$BUILD/tests/test_cuda_forward"
+fi
+if [ -x "$BUILD/tests/test_engine" ]; then
+    step engine 60 "$OUT/forward.log" "$BUILD/tests/test_engine"
+fi
+
+if [ -n "${SYNTH_PID:-}" ]; then
+    log "waiting for synth"
+    wait "$SYNTH_PID"
+    cat "$OUT/synth.tmp" | tr '\r' '\n' | tail -3 >>"$OUT/forward30b.log"
+    rm -f "$OUT/synth.tmp"
+fi
+
+if [ -f "$MODEL" ]; then
+    step bench 200 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 512 -n 128 -r 5 --device cuda
+    sed -n '/^| model/,$p' "$OUT/bench.log.tmp" >"$OUT/bench.md"
+    grep -v "^| \|^$\|^Read\|^A decoded\|^GPU memory\|^Repetitions" "$OUT/bench.log.tmp" >>"$OUT/build.log" 2>/dev/null
+    rm -f "$OUT/bench.log.tmp"
+    remaining=$((480 - $(elapsed)))
+    if [ "$remaining" -gt 60 ]; then
+        step forward30b "$remaining" "$OUT/forward30b.log" env MOE_TEST_MODEL="$MODEL" MOE_TEST_SKIP_SYNTH=1 "$BUILD/tests/test_cuda_forward"
+    else
+        log "no time left for the 30B forward test"
+        STATUS[forward30b]=skipped
+    fi
+    if [ $((520 - $(elapsed))) -gt 30 ]; then
+        step run_cuda 30 "$OUT/forward.log" "$MOE" run -m "$MODEL" --device cuda -p "Once upon a time" -n 32 --temp 0
+    fi
+    if [ $((525 - $(elapsed))) -gt 20 ]; then
+        step bench_json $((525 - $(elapsed))) "$OUT/bench.json.tmp" "$MOE" bench -m "$MODEL" -p 0 -n 128 -r 3 --device cuda -o json
+        sed -n '/^{/,$p' "$OUT/bench.json.tmp" >"$OUT/bench.json"
+        rm -f "$OUT/bench.json.tmp"
+    fi
+else
+    log "no model file: bench and the 30B test skipped"
+fi
+
+# ---------------------------------------------------------------- summary
+{
+    echo "# moe.c CUDA backend: device run"
+    echo
+    echo "$(head -3 "$OUT/env.txt" | tail -2 | tr '\n' ' ')"
+    echo
+    echo "| step | exit | what |"
+    echo "| --- | --- | --- |"
+    for s in configure build kernels forward engine bench forward30b run_cuda bench_json; do
+        echo "| $s | ${STATUS[$s]:-not run} | $(case $s in
+            kernels) grep -E "passed|FAIL" "$OUT/kernels.log" 2>/dev/null | tail -1 ;;
+            forward) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | head -1 ;;
+            engine) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | tail -1 ;;
+            forward30b) grep -E "worst rel L2|passed" "$OUT/forward30b.log" 2>/dev/null | tr '\n' ' ' | cut -c1-200 ;;
+            run_cuda) grep -E "tok/s" "$OUT/forward.log" 2>/dev/null | tail -1 | cut -c1-200 ;;
+        esac) |"
+    done
+    echo
+    echo "## kernels (worst |gpu - cpu| / sum|wx| per type)"
+    grep -E "^  (gemv|experts)" "$OUT/kernels.log" 2>/dev/null
+    echo
+    echo "## forward (GPU vs CPU, per model)"
+    grep -E "worst rel L2|FAIL" "$OUT/forward.log" "$OUT/forward30b.log" 2>/dev/null | sed 's/^[^:]*://' | head -60
+    echo
+    echo "## bench"
+    cat "$OUT/bench.md" 2>/dev/null
+    echo
+    echo "total $(elapsed)s"
+} >"$OUT/results.md"
+cat "$OUT/results.md"

@@ -1,0 +1,145 @@
+/*
+ * cuda_compat.cuh — what every .cu file of the CUDA backend includes first.
+ *
+ * Two builds share these sources:
+ *  - the real one (nvcc, MOE_HAVE_CUDA): CUDA C++ for the GPU;
+ *  - the simulator (MOE_CUDA_SIM, plain g++): the same kernels compiled as
+ *    host C++ and run on the CPU by cuda_sim.h, one fiber per GPU thread,
+ *    so the index arithmetic, the shared-memory staging, the warp
+ *    reductions and the whole decode step can be checked against the CPU
+ *    reference on a machine without a GPU. It is slow (tiny models only)
+ *    and it proves nothing about speed, races the fiber order hides, or
+ *    the real compiler; the GPU tests are still the judge.
+ *
+ * The kernels therefore use a small vocabulary that both builds define:
+ * LAUNCH instead of <<<>>>, DYN_SMEM for dynamic shared memory, ldg16 for
+ * 16-byte read-only loads, h2f / f2h_round for fp16, and the intrinsics
+ * the simulator implements (__shfl_xor_sync, __dp4a, __byte_perm, __vsub4,
+ * atomics, __threadfence).
+ *
+ * Errors: CUDA_CHECK(call) turns a failed runtime call into a moe_status
+ * with file, line and the error's name (cudaErrorMemoryAllocation ...) in
+ * the caller's moe_error and returns it; the library never exits.
+ */
+#ifndef MOE_CUDA_COMPAT_CUH
+#define MOE_CUDA_COMPAT_CUH
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef MOE_CUDA_SIM
+#include "cuda/cuda_sim.h"
+#else
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#endif
+
+extern "C" {
+#include "common/error.h"
+}
+
+/* ------------------------------------------------------------ errors */
+
+/* Inside a function that returns moe_status and has `moe_error *err`. */
+#define CUDA_CHECK(call)                                                                                  \
+    do {                                                                                                  \
+        cudaError_t cuda_check_e_ = (call);                                                               \
+        if (cuda_check_e_ != cudaSuccess) {                                                               \
+            (void)cudaGetLastError();                                                                     \
+            return moe_error_set(err, cuda_check_e_ == cudaErrorMemoryAllocation ? MOE_ERR_NOMEM          \
+                                                                                  : MOE_ERR_IO,           \
+                                 "CUDA error %s (%s) at %s:%d in %s", cudaGetErrorName(cuda_check_e_),    \
+                                 cudaGetErrorString(cuda_check_e_), __FILE__, __LINE__, #call);           \
+        }                                                                                                 \
+    } while (0)
+
+/* ------------------------------------------------------------ launches */
+
+#ifdef MOE_CUDA_SIM
+/* The arguments are copied at the launch, as CUDA does (a graph replays
+ * the copies). */
+template <class K, class... A> void sim_launch_kernel(dim3 grid, dim3 block, size_t smem, K kernel, A... args) {
+    sim_launch(grid, block, smem, [=]() { kernel(args...); });
+}
+#define LAUNCH(kernel_, grid_, block_, smem_, stream_, ...) \
+    sim_launch_kernel(dim3(grid_), dim3(block_), (size_t)(smem_), kernel_, __VA_ARGS__)
+#define LAUNCH_PDL(pdl_, kernel_, grid_, block_, smem_, stream_, ...) LAUNCH(kernel_, grid_, block_, smem_, stream_, __VA_ARGS__)
+#define DYN_SMEM(type, name) type *name = (type *)sim_dyn_smem()
+#else
+#define LAUNCH(kernel_, grid_, block_, smem_, stream_, ...) kernel_<<<(grid_), (block_), (smem_), (stream_)>>>(__VA_ARGS__)
+/* A launch that may overlap its predecessor (programmatic dependent launch):
+ * the kernel must call pdl_wait() before it reads what earlier kernels wrote. */
+#define LAUNCH_PDL(pdl_, kernel_, grid_, block_, smem_, stream_, ...)                       \
+    do {                                                                                     \
+        cudaLaunchConfig_t cfg_ = {};                                                        \
+        cudaLaunchAttribute attr_[1];                                                        \
+        cfg_.gridDim = dim3(grid_);                                                          \
+        cfg_.blockDim = dim3(block_);                                                        \
+        cfg_.dynamicSmemBytes = (smem_);                                                     \
+        cfg_.stream = (stream_);                                                             \
+        attr_[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;                    \
+        attr_[0].val.programmaticStreamSerializationAllowed = (pdl_) ? 1 : 0;                \
+        cfg_.attrs = attr_;                                                                  \
+        cfg_.numAttrs = 1;                                                                   \
+        cudaLaunchKernelEx(&cfg_, kernel_, __VA_ARGS__);                                     \
+    } while (0)
+#define DYN_SMEM(type, name)                        \
+    extern __shared__ __align__(16) uint8_t dyn_smem_[]; \
+    type *name = (type *)dyn_smem_
+#endif
+
+/* ------------------------------------------------------------ device helpers */
+
+#ifdef MOE_CUDA_SIM
+static inline float h2f(uint16_t h) { return block_fp16_to_f32(h); }
+static inline float f2h_round(float f) { return block_fp16_to_f32(block_f32_to_fp16(f)); }
+static inline uint4 ldg16(const void *p) { return *(const uint4 *)p; }
+static inline uint2 ldg8(const void *p) { return *(const uint2 *)p; }
+static inline uint16_t ldg_u16(const void *p) { return *(const uint16_t *)p; }
+static inline void prefetch_l2(const void *p) { (void)p; }
+static inline void pdl_wait(void) {}
+static inline void pdl_launch_dependents(void) {}
+#else
+__device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ float f2h_round(float f) { return __half2float(__float2half_rn(f)); }
+/* Weights are read once per token and never written by a kernel: the
+ * non-coherent path, and no L1 allocation (nothing reuses them). */
+__device__ __forceinline__ uint4 ldg16(const void *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ldg8(const void *p) { return __ldg((const uint2 *)p); }
+__device__ __forceinline__ uint16_t ldg_u16(const void *p) { return __ldg((const unsigned short *)p); }
+__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+/* Programmatic dependent launch: no-ops when the launch did not ask for it. */
+__device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents(void) { asm volatile("griddepcontrol.launch_dependents;"); }
+#endif
+
+#define FULL_MASK 0xffffffffu
+
+/* Sum over the `width` lanes of each aligned group (width a power of two
+ * <= 32); every lane of the warp must call it. */
+__device__ __forceinline__ float group_sum(float v, int width) {
+    for (int off = width >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, off));
+    return v;
+}
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t bits16) { return __int_as_float((int)(bits16 << 16)); }
+
+#endif

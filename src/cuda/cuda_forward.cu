@@ -1,0 +1,573 @@
+/*
+ * cuda_forward.cu — a sequence on the GPU: its state, the decode step, and
+ * the step's capture in a CUDA graph.
+ *
+ * The decode step (enqueue_step) reads top to bottom like the design:
+ *
+ *   embedding row of step[0]
+ *   per layer:
+ *     q|k|v = W (RMSNorm x) (+ bias)                     gemv (norm fused)
+ *     q/k norm, RoPE, append k v, attention               attention
+ *     x += Wo att                                          gemv (residual)
+ *     router logits, softmax|sigmoid, top-k, weights       gemv (last block routes)
+ *     h = silu(G_e xn) * (U_e xn), k experts (+ shared)    ffn_up (ids on device)
+ *     x += sum w_e D_e h_e (+ g D_sh h_sh)                 ffn_down
+ *   logits = W_out (RMSNorm x), argmax -> step[0], step[1] += 1
+ *
+ * Six launches per MoE layer, no host round trip: the token and position
+ * live in device memory (step), so the captured graph serves every
+ * position. Matrices of different types in one group (q, k, v) get one
+ * launch per type. A launch's grid is sized to the kernel's occupancy on
+ * this GPU (persistent blocks) and its lanes per row to the row length.
+ *
+ * Scratch memory of a state is one allocation, the KV cache included.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/kernels.cuh"
+
+extern "C" {
+#include "cuda/cuda_backend.h"
+}
+
+struct cuda_state {
+    cuda_model *g;
+    const model *m;
+    int n_ctx;
+    cuda_options opt;
+    cudaStream_t stream;
+    uint8_t *mem;
+    size_t bytes;
+    float *k_cache, *v_cache; /* (n_layers, n_ctx, kv_dim) */
+    float *x;                 /* (n_embd) residual stream */
+    float *qkv;               /* (q_dim + 2 kv_dim) */
+    float *att;               /* (q_dim) */
+    float *router;            /* (n_experts) logits */
+    float *route_w;           /* (k) */
+    int *route_ids;           /* (k) */
+    float *shgate;            /* (1) */
+    float *h;                 /* (k n_ff_expert + n_ff_shared) or (n_ff) */
+    float *logits;            /* (n_vocab) */
+    float *attn_part;         /* (n_kv, splits, G, hd + 2) */
+    float *part_val;          /* (max grid) argmax partials */
+    int *part_idx;
+    int *step;                /* [0] token, [1] position */
+    int *history;             /* (n_ctx + 1) argmax after each position */
+    unsigned *counters;       /* [0] router, [1] argmax, [2..] attention per KV head */
+    int q_dim, kv_dim, n_ff_routed, h_len;
+    int attn_chunk, attn_splits;
+    size_t attn_smem;
+    int max_grid;
+    cudaGraphExec_t graph;
+    bool graph_ready;
+    cudaEvent_t ev[2];
+};
+
+__global__ void set_step_kernel(int *step, int token, int pos) {
+    pdl_wait();
+    step[0] = token;
+    step[1] = pos;
+}
+
+/* ---------------------------------------------------------------- launches */
+
+static int grid_for(const cuda_state *s, const cuda_format *f, int kernel, size_t smem, int rows, int lanes) {
+    const int rows_per_block = GEMV_WARPS * (32 / lanes);
+    const int need = (rows + rows_per_block - 1) / rows_per_block;
+    const int cap = f->occupancy(kernel, smem) * s->g->n_sm;
+    int grid = need < cap ? need : cap;
+    if (grid > s->max_grid) grid = s->max_grid;
+    return grid > 0 ? grid : 1;
+}
+
+typedef struct gemv_out {
+    const dmat *w;
+    float *out;
+    const float *bias;
+} gemv_out;
+
+/* y = W in for each output; one launch per weight type among them. */
+static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int epilogue) {
+    bool done[MAX_SEGS] = {false, false, false};
+    for (int i = 0; i < n; i++) {
+        if (done[i]) continue;
+        const cuda_format *f = cuda_format_of(outs[i].w->type);
+        gemv_args a;
+        memset(&a, 0, sizeof a);
+        a.in = in;
+        int rows = 0;
+        for (int j = i; j < n; j++) {
+            if (done[j] || outs[j].w->type != outs[i].w->type) continue;
+            done[j] = true;
+            gemv_seg *sg = &a.seg[a.n_seg];
+            sg->w = *outs[j].w;
+            sg->out = outs[j].out;
+            sg->bias = outs[j].bias;
+            sg->accumulate = accumulate;
+            rows += outs[j].w->rows;
+            a.seg_end[a.n_seg++] = rows;
+        }
+        a.lanes = pick_lanes(outs[i].w->units, f->n);
+        a.epilogue = epilogue;
+        const model_config *c = &s->m->config;
+        size_t smem = gemv_smem(f->act, in.n, epilogue == EPI_ROUTER ? c->n_experts : 0);
+        if (epilogue == EPI_ROUTER) {
+            a.counter = s->counters;
+            a.route_w = s->route_w;
+            a.route_ids = s->route_ids;
+            a.n_experts = c->n_experts;
+            a.k = c->n_experts_used;
+            a.gating = c->gating == GATING_SIGMOID;
+            a.norm_topk = c->norm_topk;
+            a.w_scale = c->expert_weights_scale;
+        } else if (epilogue == EPI_ARGMAX) {
+            a.counter = s->counters + 1;
+            a.part_val = s->part_val;
+            a.part_idx = s->part_idx;
+            a.step = s->step;
+            a.history = s->history;
+        }
+        f->gemv(&a, grid_for(s, f, 0, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
+    }
+}
+
+static void embed(cuda_state *s) {
+    const dmat *e = &s->g->token_embd;
+    cuda_format_of(e->type)->embed(e, s->step, s->x, s->stream, s->opt.pdl);
+}
+
+static void attention_block(cuda_state *s, int l) {
+    const model_config *c = &s->m->config;
+    const cuda_layer *w = &s->g->layers[l];
+    act_in in = {s->x, w->attn_norm, c->rms_eps, c->n_embd};
+    gemv_out qkv[3] = {{&w->wq, s->qkv, w->bq},
+                       {&w->wk, s->qkv + s->q_dim, w->bk},
+                       {&w->wv, s->qkv + s->q_dim + s->kv_dim, w->bv}};
+    gemv(s, in, qkv, 3, false, EPI_NONE);
+
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    a.qkv = s->qkv;
+    a.q_norm = w->q_norm;
+    a.k_norm = w->k_norm;
+    a.qk_norm = c->arch->qk_norm;
+    a.eps = c->rms_eps;
+    a.rope_freqs = s->g->rope_freqs;
+    a.rope_base = c->rope_base;
+    a.freq_scale = c->rope_freq_scale;
+    a.n_rot = c->n_rot;
+    a.neox = c->arch->rope == ROPE_NEOX;
+    a.k_cache = s->k_cache + (size_t)l * s->n_ctx * s->kv_dim;
+    a.v_cache = s->v_cache + (size_t)l * s->n_ctx * s->kv_dim;
+    a.step = s->step;
+    a.out = s->att;
+    a.part = s->attn_part;
+    a.counters = s->counters + 2;
+    a.n_heads = c->n_heads;
+    a.n_kv = c->n_kv_heads;
+    a.hd = c->head_dim;
+    a.chunk = s->attn_chunk;
+    a.n_splits = s->attn_splits;
+    cuda_attention(&a, s->attn_smem, s->stream, s->opt.pdl);
+
+    act_in att = {s->att, NULL, 0.0f, s->q_dim};
+    gemv_out o = {&w->wo, s->x, NULL};
+    gemv(s, att, &o, 1, true, EPI_NONE);
+}
+
+/* h = silu(gate x) * (up x) for `n_routed` slots of a slab (ids NULL: the
+ * dense FFN) and/or the shared expert. */
+static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, int n_routed, const int *ids,
+                   const cuda_layer *w, bool shared) {
+    const cuda_format *f = cuda_format_of(n_routed ? gate->type : w->sh_gate.type);
+    ffn_up_args a;
+    memset(&a, 0, sizeof a);
+    a.in = in;
+    int rows = 0, units = 0;
+    if (n_routed) {
+        a.gate = *gate, a.up = *up, a.n_routed = n_routed, a.ids = ids;
+        rows += n_routed * gate->rows;
+        units = gate->units;
+    }
+    if (shared) {
+        a.sh_gate = w->sh_gate, a.sh_up = w->sh_up, a.has_shared = 1;
+        a.shgate_w = w->sh_gate_inp;
+        a.shgate_out = s->shgate;
+        rows += w->sh_gate.rows;
+        if (!units) units = w->sh_gate.units;
+    }
+    a.h = s->h;
+    a.h_shared_off = s->n_ff_routed;
+    a.lanes = pick_lanes(units, f->n > 1 ? f->n / 2 : 1);
+    size_t smem = gemv_smem(f->act, in.n, 0);
+    f->up(&a, grid_for(s, f, 1, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
+}
+
+/* x += sum_j w_j down_j h_j (+ g * down_sh h_sh). */
+static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const int *ids, const float *route_w,
+                     const cuda_layer *w, bool shared) {
+    const cuda_format *f = cuda_format_of(n_routed ? down->type : w->sh_down.type);
+    ffn_down_args a;
+    memset(&a, 0, sizeof a);
+    int first = n_routed ? 0 : s->n_ff_routed, len = 0, units = 0;
+    if (n_routed) {
+        a.down = *down, a.n_routed = n_routed, a.ids = ids, a.route_w = route_w;
+        a.routed_act_stride = down->cols;
+        len = n_routed * down->cols;
+        units = n_routed * down->units;
+    }
+    if (shared) {
+        a.sh_down = w->sh_down, a.has_shared = 1;
+        a.shgate = w->sh_gate_inp ? s->shgate : NULL;
+        a.shared_act_off = s->n_ff_routed - first;
+        len = s->n_ff_routed - first + w->sh_down.cols;
+        units += w->sh_down.units;
+    }
+    a.in = act_in{s->h + first, NULL, 0.0f, len};
+    a.x = s->x;
+    a.lanes = pick_lanes(units, f->n);
+    size_t smem = gemv_smem(f->act, len, 0);
+    int rows = n_routed ? down->rows : w->sh_down.rows;
+    f->down(&a, grid_for(s, f, 2, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
+}
+
+static void ffn_block(cuda_state *s, int l) {
+    const model_config *c = &s->m->config;
+    const cuda_layer *w = &s->g->layers[l];
+    act_in in = {s->x, w->ffn_norm, c->rms_eps, c->n_embd};
+    if (c->n_experts == 0) {
+        ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, NULL, w, false);
+        ffn_down(s, &w->ffn_down, 1, NULL, NULL, w, false);
+        return;
+    }
+    gemv_out r = {&w->router, s->router, NULL};
+    gemv(s, in, &r, 1, false, EPI_ROUTER);
+    const int k = c->n_experts_used;
+    const bool sh = w->has_shared;
+    const bool up_together = sh && w->sh_gate.type == w->exp_gate.type;
+    ffn_up(s, in, &w->exp_gate, &w->exp_up, k, s->route_ids, w, up_together);
+    if (sh && !up_together) ffn_up(s, in, NULL, NULL, 0, NULL, w, true);
+    const bool down_together = sh && w->sh_down.type == w->exp_down.type;
+    ffn_down(s, &w->exp_down, k, s->route_ids, s->route_w, w, down_together);
+    if (sh && !down_together) ffn_down(s, NULL, 0, NULL, NULL, w, true);
+}
+
+static void head(cuda_state *s) {
+    const model_config *c = &s->m->config;
+    act_in in = {s->x, s->g->output_norm, c->rms_eps, c->n_embd};
+    gemv_out o = {&s->g->output, s->logits, NULL};
+    gemv(s, in, &o, 1, false, EPI_ARGMAX);
+}
+
+/* One decoded token: the whole model, top to bottom. */
+static void enqueue_step(cuda_state *s) {
+    embed(s);
+    for (int l = 0; l < s->m->config.n_layers; l++) {
+        attention_block(s, l);
+        ffn_block(s, l);
+    }
+    head(s);
+}
+
+/* ---------------------------------------------------------------- running steps */
+
+static moe_status set_step(cuda_state *s, int token, int pos, moe_error *err) {
+    LAUNCH_PDL(false, set_step_kernel, 1, 1, 0, s->stream, s->step, token, pos);
+    CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+static moe_status run_step(cuda_state *s, moe_error *err) {
+    if (!s->opt.graph) {
+        enqueue_step(s);
+        CUDA_CHECK(cudaGetLastError());
+        return MOE_OK;
+    }
+    if (!s->graph_ready) {
+        cudaGraph_t graph;
+        CUDA_CHECK(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+        enqueue_step(s);
+        CUDA_CHECK(cudaStreamEndCapture(s->stream, &graph));
+        cudaError_t e = cudaGraphInstantiate(&s->graph, graph, 0);
+        cudaGraphDestroy(graph);
+        CUDA_CHECK(e);
+        s->graph_ready = true;
+    }
+    CUDA_CHECK(cudaGraphLaunch(s->graph, s->stream));
+    return MOE_OK;
+}
+
+moe_status cuda_forward(cuda_state *s, const int32_t *tokens, int n, int pos, float *logits, bool all_logits,
+                        moe_error *err) {
+    const int vocab = s->m->config.n_vocab;
+    if (n <= 0) return moe_error_set(err, MOE_ERR_INVALID_ARG, "no tokens to process");
+    if (pos < 0 || (int64_t)pos + n > s->n_ctx)
+        return moe_error_set(err, MOE_ERR_RANGE, "positions %d..%d exceed the context of %d tokens", pos, pos + n - 1,
+                             s->n_ctx);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= vocab)
+            return moe_error_set(err, MOE_ERR_RANGE, "token id %d is outside the vocabulary of %d", tokens[i], vocab);
+    moe_status st = MOE_OK;
+    for (int i = 0; i < n && st == MOE_OK; i++) {
+        if ((st = set_step(s, tokens[i], pos + i, err)) != MOE_OK || (st = run_step(s, err)) != MOE_OK) break;
+        float *out = !logits ? NULL : all_logits ? logits + (size_t)i * vocab : i == n - 1 ? logits : NULL;
+        if (out) CUDA_CHECK(cudaMemcpyAsync(out, s->logits, (size_t)vocab * sizeof(float), cudaMemcpyDeviceToHost, s->stream));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    CUDA_CHECK(cudaGetLastError());
+    return st;
+}
+
+moe_status cuda_decode_greedy(cuda_state *s, int32_t token, int pos, int n, int32_t *out, float *ms, moe_error *err) {
+    if (n <= 0 || pos < 0 || (int64_t)pos + n > s->n_ctx)
+        return moe_error_set(err, MOE_ERR_RANGE, "decoding %d tokens from position %d exceeds the context of %d", n, pos,
+                             s->n_ctx);
+    moe_status st = set_step(s, token, pos, err);
+    if (st != MOE_OK) return st;
+    CUDA_CHECK(cudaEventRecord(s->ev[0], s->stream));
+    for (int i = 0; i < n && st == MOE_OK; i++) st = run_step(s, err);
+    CUDA_CHECK(cudaEventRecord(s->ev[1], s->stream));
+    CUDA_CHECK(cudaEventSynchronize(s->ev[1]));
+    if (st != MOE_OK) return st;
+    if (ms) CUDA_CHECK(cudaEventElapsedTime(ms, s->ev[0], s->ev[1]));
+    if (out) CUDA_CHECK(cudaMemcpy(out, s->history + pos, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaGetLastError());
+    return MOE_OK;
+}
+
+moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float *ms, moe_error *err) {
+    if (n <= 0 || n > s->n_ctx) return moe_error_set(err, MOE_ERR_RANGE, "%d prompt tokens do not fit in %d", n, s->n_ctx);
+    moe_status st = MOE_OK;
+    CUDA_CHECK(cudaEventRecord(s->ev[0], s->stream));
+    for (int i = 0; i < n && st == MOE_OK; i++)
+        if ((st = set_step(s, tokens[i], i, err)) == MOE_OK) st = run_step(s, err);
+    CUDA_CHECK(cudaEventRecord(s->ev[1], s->stream));
+    CUDA_CHECK(cudaEventSynchronize(s->ev[1]));
+    if (st == MOE_OK && ms) CUDA_CHECK(cudaEventElapsedTime(ms, s->ev[0], s->ev[1]));
+    return st;
+}
+
+/* ---------------------------------------------------------------- the state */
+
+static bool env_flag(const char *name, bool fallback) {
+    const char *v = getenv(name);
+    return v && *v ? v[0] != '0' : fallback;
+}
+
+cuda_options cuda_default_options(void) {
+    cuda_options o;
+    o.graph = env_flag("MOE_CUDA_GRAPH", true);
+    o.pdl = env_flag("MOE_CUDA_PDL", true);
+    return o;
+}
+
+/* Carve `bytes` (256-aligned) from a running offset; with base NULL only count. */
+static void *carve(uint8_t *base, size_t *used, size_t bytes) {
+    size_t at = (*used + 255) & ~(size_t)255;
+    *used = at + bytes;
+    return base ? base + at : NULL;
+}
+
+static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
+    const model_config *c = &s->m->config;
+    const int G = c->n_heads / c->n_kv_heads, k = c->n_experts ? c->n_experts_used : 1;
+    const size_t cache = (size_t)c->n_layers * s->n_ctx * s->kv_dim;
+    *used = 0;
+    s->k_cache = (float *)carve(base, used, cache * sizeof(float));
+    s->v_cache = (float *)carve(base, used, cache * sizeof(float));
+    s->x = (float *)carve(base, used, (size_t)c->n_embd * sizeof(float));
+    s->qkv = (float *)carve(base, used, (size_t)(s->q_dim + 2 * s->kv_dim) * sizeof(float));
+    s->att = (float *)carve(base, used, (size_t)s->q_dim * sizeof(float));
+    s->router = (float *)carve(base, used, (size_t)(c->n_experts + 1) * sizeof(float));
+    s->route_w = (float *)carve(base, used, (size_t)k * sizeof(float));
+    s->route_ids = (int *)carve(base, used, (size_t)k * sizeof(int));
+    s->shgate = (float *)carve(base, used, sizeof(float));
+    s->h = (float *)carve(base, used, (size_t)s->h_len * sizeof(float));
+    s->logits = (float *)carve(base, used, (size_t)c->n_vocab * sizeof(float));
+    s->attn_part = (float *)carve(base, used, (size_t)c->n_kv_heads * s->attn_splits * G * (c->head_dim + 2) * sizeof(float));
+    s->part_val = (float *)carve(base, used, (size_t)s->max_grid * sizeof(float));
+    s->part_idx = (int *)carve(base, used, (size_t)s->max_grid * sizeof(int));
+    s->step = (int *)carve(base, used, 2 * sizeof(int));
+    s->history = (int *)carve(base, used, (size_t)(s->n_ctx + 1) * sizeof(int));
+    s->counters = (unsigned *)carve(base, used, (size_t)(2 + c->n_kv_heads) * sizeof(unsigned));
+}
+
+/* The largest dynamic shared memory any launch of this model asks for. */
+static size_t max_smem(const cuda_state *s) {
+    const model_config *c = &s->m->config;
+    size_t most = s->attn_smem;
+    const int inputs[] = {c->n_embd, s->q_dim, s->h_len};
+    for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
+        size_t b = gemv_smem(ACT_F32, inputs[i], c->n_experts); /* f32 staging is the largest */
+        if (b > most) most = b;
+    }
+    return most;
+}
+
+moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cuda_state **out, moe_error *err) {
+    *out = NULL;
+    const model *m = g->m;
+    const model_config *c = &m->config;
+    if (n_ctx <= 0) return moe_error_set(err, MOE_ERR_INVALID_ARG, "context (%d) must be positive", n_ctx);
+    cuda_state *s = (cuda_state *)calloc(1, sizeof *s);
+    if (!s) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    s->g = g;
+    s->m = m;
+    s->n_ctx = n_ctx;
+    s->opt = opts ? *opts : cuda_default_options();
+    s->q_dim = c->n_heads * c->head_dim;
+    s->kv_dim = c->n_kv_heads * c->head_dim;
+    if (c->n_experts) {
+        s->n_ff_routed = c->n_experts_used * c->n_ff_expert;
+        s->h_len = s->n_ff_routed + c->n_ff_shared;
+    } else {
+        s->n_ff_routed = c->n_ff;
+        s->h_len = c->n_ff;
+    }
+    s->attn_chunk = 32; /* see attention.cu */
+    s->attn_splits = (n_ctx + s->attn_chunk - 1) / s->attn_chunk;
+    s->attn_smem = cuda_attention_smem(c->n_heads / c->n_kv_heads, c->head_dim, s->attn_chunk, c->n_rot);
+    s->max_grid = g->n_sm * 32;
+
+    size_t need = 0, free_b = 0, total_b = 0;
+    lay_out(s, NULL, &need);
+    moe_status st = MOE_OK;
+    cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+    if (e != cudaSuccess) {
+        free(s);
+        CUDA_CHECK(e);
+    }
+    if (need > free_b) {
+        free(s);
+        return moe_error_set(err, MOE_ERR_NOMEM,
+                             "a context of %d positions needs %.2f GB of GPU memory (KV cache %.2f GB) but %.2f GB are "
+                             "free on %s (lower --ctx-size)",
+                             n_ctx, need / 1e9, 2.0 * c->n_layers * n_ctx * s->kv_dim * 4 / 1e9, free_b / 1e9,
+                             g->device_name);
+    }
+    size_t smem = max_smem(s);
+    if (smem > g->smem_optin) {
+        free(s);
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "the model's activations need %zu bytes of shared memory per block, the GPU has %zu", smem,
+                             g->smem_optin);
+    }
+    if ((e = cuda_allow_smem_all((int)smem)) == cudaSuccess && (e = cudaMalloc(&s->mem, need)) == cudaSuccess)
+        e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaEventCreate(&s->ev[0]);
+    if (e == cudaSuccess) e = cudaEventCreate(&s->ev[1]);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        st = moe_error_set(err, e == cudaErrorMemoryAllocation ? MOE_ERR_NOMEM : MOE_ERR_IO,
+                           "cannot set up the GPU state (%.2f GB): %s", need / 1e9, cudaGetErrorName(e));
+        cuda_state_free(s);
+        return st;
+    }
+    s->bytes = need;
+    lay_out(s, s->mem, &need);
+    /* Zero everything (counters must start at 0; no stale NaN in the cache). */
+    e = cudaMemset(s->mem, 0, s->bytes);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        cuda_state_free(s);
+        return moe_error_set(err, MOE_ERR_IO, "cannot clear the GPU state: %s", cudaGetErrorName(e));
+    }
+    *out = s;
+    return MOE_OK;
+}
+
+void cuda_state_free(cuda_state *s) {
+    if (!s) return;
+    if (s->graph_ready) cudaGraphExecDestroy(s->graph);
+    if (s->ev[0]) cudaEventDestroy(s->ev[0]);
+    if (s->ev[1]) cudaEventDestroy(s->ev[1]);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    if (s->mem) cudaFree(s->mem);
+    free(s);
+}
+
+size_t cuda_state_bytes(const cuda_state *s) { return s->bytes; }
+
+/* ---------------------------------------------------------------- bandwidth */
+
+__global__ void fill_kernel(uint4 *p, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned v = (unsigned)i * 2654435761u + 12345u;
+        p[i] = uint4{v, v ^ 0x5bd1e995u, v + 0x9e3779b9u, ~v};
+    }
+}
+
+/* Folds the buffer with 16-byte loads, four in flight per thread. */
+__global__ void __launch_bounds__(256) read_kernel(const uint4 *p, size_t n, unsigned *sink) {
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    unsigned acc = 0;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a = ldg16(p + i), b = ldg16(p + i + stride), c = ldg16(p + i + 2 * stride), d = ldg16(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += stride) {
+        uint4 a = ldg16(p + i);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (acc == 0x9e3779b9u) sink[0] = acc; /* keeps the loads; practically never taken */
+}
+
+moe_status cuda_read_bandwidth(size_t bytes, int runs, double *gbps, moe_error *err) {
+    if (!cuda_available()) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA GPU found");
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    size_t n = bytes / 16;
+    uint4 *buf = NULL;
+    unsigned *sink = NULL;
+    cudaEvent_t a = NULL, b = NULL;
+    moe_status st = MOE_OK;
+    cudaError_t e = cudaMalloc(&buf, n * 16);
+    if (e == cudaSuccess) e = cudaMalloc(&sink, sizeof(unsigned));
+    if (e == cudaSuccess) e = cudaEventCreate(&a);
+    if (e == cudaSuccess) e = cudaEventCreate(&b);
+    if (e == cudaSuccess) {
+        LAUNCH(fill_kernel, prop.multiProcessorCount * 8, 256, 0, 0, buf, n);
+        const int grid = prop.multiProcessorCount * 8;
+        for (int r = -2; r < runs && e == cudaSuccess; r++) {
+            cudaEventRecord(a, 0);
+            LAUNCH(read_kernel, grid, 256, 0, 0, buf, n, sink);
+            cudaEventRecord(b, 0);
+            e = cudaEventSynchronize(b);
+            float ms = 0;
+            if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, a, b);
+            if (r >= 0 && e == cudaSuccess) gbps[r] = (double)(n * 16) / (ms * 1e-3) / 1e9;
+        }
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        st = moe_error_set(err, e == cudaErrorMemoryAllocation ? MOE_ERR_NOMEM : MOE_ERR_IO,
+                           "read-bandwidth probe over %.2f GB failed: %s", bytes / 1e9, cudaGetErrorName(e));
+    }
+    if (a) cudaEventDestroy(a);
+    if (b) cudaEventDestroy(b);
+    cudaFree(sink);
+    cudaFree(buf);
+    return st;
+}
+
+moe_status cuda_memory_info(size_t *used, size_t *total, moe_error *err) {
+    size_t free_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, total));
+    *used = *total - free_b;
+    return MOE_OK;
+}
+
+/* Debugging: copy an activation buffer of the state to the host ("x",
+ * "qkv", "att", "h", "logits"); n floats. */
+moe_status cuda_state_peek(cuda_state *s, const char *what, float *out, int n, moe_error *err) {
+    const float *src = !strcmp(what, "x") ? s->x : !strcmp(what, "qkv") ? s->qkv : !strcmp(what, "att") ? s->att
+                       : !strcmp(what, "h") ? s->h : !strcmp(what, "logits") ? s->logits : NULL;
+    if (!src) return moe_error_set(err, MOE_ERR_INVALID_ARG, "no buffer '%s'", what);
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    CUDA_CHECK(cudaMemcpy(out, src, (size_t)n * sizeof(float), cudaMemcpyDeviceToHost));
+    return MOE_OK;
+}

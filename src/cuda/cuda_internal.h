@@ -1,0 +1,221 @@
+/*
+ * cuda_internal.h — what the .cu files of the CUDA backend share: the
+ * device-side descriptions of weights (dmat), the arguments of each kernel,
+ * the per-format table, and the uploaded model. Private to src/cuda (C++).
+ */
+#ifndef MOE_CUDA_INTERNAL_H
+#define MOE_CUDA_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuda/cuda_compat.cuh"
+
+extern "C" {
+#include "model/model.h"
+}
+
+enum { ACT_Q8K, ACT_Q80, ACT_F32 };                 /* activation (dot) types */
+enum { EPI_NONE, EPI_ROUTER, EPI_ARGMAX };          /* gemv epilogues */
+enum { MAX_EXPERTS_USED = 32, MAX_SEGS = 3 };
+
+/* A weight matrix on the device (or a slab of experts of one shape). */
+struct dmat {
+    const uint8_t *body;        /* rows of block bodies, 16-byte aligned */
+    const uint8_t *meta;        /* per-block meta (scales), or NULL */
+    int64_t row_stride;         /* bytes between rows of bodies */
+    int64_t meta_row_stride;    /* bytes between rows of meta */
+    int64_t expert_stride;      /* bytes between experts' bodies (slabs) */
+    int64_t meta_expert_stride; /* bytes between experts' meta */
+    int rows, cols, units;      /* units: the 16-byte work items of a row */
+    int type;                   /* moe_type */
+};
+
+/* ---------------------------------------------------------------- kernel arguments */
+
+/* The input of a matrix product: n f32 values at src (16-byte aligned, n a
+ * multiple of 32), RMSNorm'ed with `norm` when it is not NULL. */
+struct act_in {
+    const float *src;
+    const float *norm;
+    float eps;
+    int n;
+};
+
+struct gemv_seg {
+    dmat w;
+    float *out;
+    const float *bias; /* or NULL */
+    int accumulate;    /* out[r] += ... (residual) instead of = */
+};
+
+struct gemv_args {
+    act_in in;
+    gemv_seg seg[MAX_SEGS];
+    int n_seg;
+    int seg_end[MAX_SEGS]; /* cumulative rows */
+    int lanes;             /* lanes per row, a power of two <= 32 */
+    int epilogue;
+    unsigned *counter;     /* last-block ticket (router, argmax) */
+    /* router */
+    float *route_w;
+    int *route_ids;
+    int n_experts, k, gating, norm_topk;
+    float w_scale;
+    /* argmax */
+    float *part_val;
+    int *part_idx;
+    int *step;    /* [0] token, [1] position */
+    int *history; /* history[pos] = the argmax after position pos */
+};
+
+struct ffn_up_args {
+    act_in in;
+    dmat gate, up;     /* routed slabs (or a dense FFN's matrices) */
+    int n_routed;      /* slots of routed experts in this launch (0: none) */
+    const int *ids;    /* expert of each slot; NULL: expert 0 (dense) */
+    dmat sh_gate, sh_up;
+    int has_shared;
+    int h_shared_off;  /* where the shared expert's hidden state starts in h */
+    float *h;
+    const float *shgate_w; /* the shared expert's gate vector, or NULL */
+    float *shgate_out;
+    int lanes;
+};
+
+struct ffn_down_args {
+    act_in in;
+    dmat down;
+    int n_routed;
+    const int *ids;
+    const float *route_w; /* NULL: weight 1 */
+    int routed_act_stride;
+    dmat sh_down;
+    int has_shared;
+    const float *shgate;  /* NULL: weight 1 */
+    int shared_act_off;
+    float *x;
+    int lanes;
+};
+
+struct attn_args {
+    const float *qkv;              /* q (n_heads*hd), k, v (n_kv*hd each) */
+    const float *q_norm, *k_norm;  /* or NULL */
+    int qk_norm;                   /* qk_norm_kind */
+    float eps;
+    const float *rope_freqs;       /* or NULL */
+    float rope_base, freq_scale;
+    int n_rot, neox;
+    float *k_cache, *v_cache;      /* this layer: (n_ctx, n_kv*hd) */
+    const int *step;
+    float *out;                    /* (n_heads*hd) */
+    float *part;                   /* (n_kv, n_splits, G, hd + 2) */
+    unsigned *counters;            /* (n_kv) */
+    int n_heads, n_kv, hd, chunk, n_splits;
+};
+
+/* ---------------------------------------------------------------- formats */
+
+typedef void (*repack_fn)(const uint8_t *src_row, uint8_t *body_row, uint8_t *meta_row, int nb);
+
+struct cuda_format {
+    int type;                 /* moe_type */
+    const char *name;
+    int block;                /* elements per block */
+    int body, meta, units;    /* bytes per block of body and meta; units per block */
+    int act;                  /* ACT_* */
+    int n;                    /* units per lane per batch */
+    repack_fn repack;         /* NULL: the GGUF block is the body */
+    void (*gemv)(const gemv_args *, int grid, size_t smem, cudaStream_t, bool pdl);
+    void (*up)(const ffn_up_args *, int grid, size_t smem, cudaStream_t, bool pdl);
+    void (*down)(const ffn_down_args *, int grid, size_t smem, cudaStream_t, bool pdl);
+    void (*embed)(const dmat *, const int *step, float *x, cudaStream_t, bool pdl);
+    int (*occupancy)(int kernel, size_t smem); /* 0 gemv, 1 up, 2 down: blocks per SM */
+    cudaError_t (*allow_smem)(int bytes);
+};
+
+/* The format of a weight type; NULL when the CUDA backend has no kernels. */
+const cuda_format *cuda_format_of(int type);
+
+/* ---------------------------------------------------------------- the uploaded model */
+
+struct cuda_layer {
+    const float *attn_norm, *ffn_norm;
+    dmat wq, wk, wv, wo;
+    const float *bq, *bk, *bv; /* or NULL */
+    const float *q_norm, *k_norm;
+    dmat ffn_gate, ffn_up, ffn_down; /* dense */
+    dmat router;
+    dmat exp_gate, exp_up, exp_down; /* slabs */
+    dmat sh_gate, sh_up, sh_down;
+    const float *sh_gate_inp;
+    bool has_shared;
+};
+
+struct cuda_model {
+    const model *m;
+    int device;
+    char device_name[256];
+    int n_sm;
+    size_t smem_optin;
+    uint8_t *arena;          /* every weight, one allocation */
+    size_t arena_bytes;
+    dmat token_embd, output;
+    const float *output_norm, *rope_freqs;
+    cuda_layer *layers;
+};
+
+/* ---------------------------------------------------------------- uploads (cuda_model.cu) */
+
+/* Places weights in an arena; with dry set it only adds up the bytes. */
+struct uploader {
+    uint8_t *base;
+    size_t used;
+    bool dry;
+    uint8_t *staging; /* host buffer for repacking */
+    size_t staging_bytes;
+    moe_error *err;
+    moe_status status;
+};
+
+/* n_experts matrices of rows x cols of `type` (GGUF rows at srcs[e]) as
+ * one slab. Errors name the tensor. */
+moe_status upload_rows(uploader *u, int type, int n_experts, const uint8_t *const *srcs, int64_t rows, int64_t cols,
+                       const char *name, dmat *out);
+const float *upload_vec(uploader *u, const vec *v);
+
+/* Raise the dynamic shared memory limit of every kernel to `bytes`. */
+cudaError_t cuda_allow_smem_all(int bytes);
+
+/* ---------------------------------------------------------------- launch geometry */
+
+__host__ __device__ inline size_t align16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+/* Shared memory of a staged activation of n elements (scratch excluded). */
+__host__ __device__ inline size_t act_bytes(int kind, int n) {
+    if (kind == ACT_F32) return align16((size_t)n * 4);
+    if (kind == ACT_Q80) return align16((size_t)n) + align16((size_t)n / 32 * 4);
+    return align16((size_t)n) + align16((size_t)n / 256 * 4) + align16((size_t)n / 16 * 2);
+}
+
+/* Dynamic shared memory of a gemv-family launch: the activation, the
+ * block-sum scratch, and the router's probabilities when it routes. */
+inline size_t gemv_smem(int kind, int n, int n_experts) {
+    size_t bytes = act_bytes(kind, n) + 64 * sizeof(float);
+    size_t router = 16 + ((size_t)((n_experts + 3) & ~3) + 2 * MAX_EXPERTS_USED) * sizeof(float);
+    return bytes > router ? bytes : router;
+}
+
+/* Lanes per row: enough that each lane has about n units of the row. */
+inline int pick_lanes(int units, int n) {
+    int per = (units + n - 1) / n, lanes = 1;
+    while (lanes < per && lanes < 32) lanes <<= 1;
+    return lanes;
+}
+
+/* Attention (attention.cu). */
+void cuda_attention(const attn_args *a, size_t smem, cudaStream_t st, bool pdl);
+size_t cuda_attention_smem(int G, int hd, int chunk, int n_rot);
+cudaError_t cuda_attention_allow_smem(int bytes);
+
+#endif

@@ -1,0 +1,278 @@
+/*
+ * cuda_sim.cu — the CPU simulator behind cuda_sim.h (simulator builds only;
+ * empty for nvcc).
+ *
+ * Fibers: each simulated thread has its own stack, entered once through
+ * makecontext/swapcontext and afterwards switched with _setjmp/_longjmp,
+ * which (unlike swapcontext) makes no system call. Fibers persist across
+ * blocks and launches: fiber i runs thread i of every block.
+ */
+#ifdef MOE_CUDA_SIM
+#include "cuda/cuda_sim.h"
+
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <ucontext.h>
+
+#include <vector>
+
+dim3 sim_blockIdx, sim_blockDim, sim_gridDim;
+
+enum { SIM_STACK = 256 * 1024, SIM_MAX_THREADS = 1024, SIM_SMEM = 232448 };
+
+struct sim_fiber {
+    jmp_buf jb;
+    ucontext_t uc;
+    char *stack;
+    dim3 tid;
+    bool done;
+};
+
+struct sim_barrier {
+    int arrived, live;
+    unsigned gen;
+};
+
+static sim_fiber *fibers[SIM_MAX_THREADS];
+static int n_fibers;
+static sim_fiber *cur;
+static jmp_buf sched_jb;
+static std::function<void()> *cur_body;
+static sim_barrier block_bar, warp_bar[SIM_MAX_THREADS / 32];
+static uint64_t warp_slots[SIM_MAX_THREADS];
+alignas(16) static unsigned char dyn_smem[SIM_SMEM];
+
+const dim3 &sim_thread_idx(void) { return cur->tid; }
+void *sim_dyn_smem(void) { return dyn_smem; }
+
+static int linear_tid(const sim_fiber *f) {
+    return (int)(f->tid.x + sim_blockDim.x * (f->tid.y + sim_blockDim.y * f->tid.z));
+}
+
+static void yield_to_scheduler(void) {
+    if (_setjmp(cur->jb) == 0) _longjmp(sched_jb, 1);
+}
+
+static void barrier_release_if_complete(sim_barrier *b) {
+    if (b->arrived > 0 && b->arrived >= b->live) {
+        b->arrived = 0;
+        b->gen++;
+    }
+}
+
+static void barrier_wait(sim_barrier *b) {
+    unsigned gen = b->gen;
+    b->arrived++;
+    barrier_release_if_complete(b);
+    while (b->gen == gen) yield_to_scheduler();
+}
+
+void sim_syncthreads(void) { barrier_wait(&block_bar); }
+void sim_syncwarp(void) { barrier_wait(&warp_bar[linear_tid(cur) / 32]); }
+
+uint64_t sim_warp_exchange(uint64_t mine, int src_lane) {
+    int t = linear_tid(cur), warp = t / 32;
+    warp_slots[t] = mine;
+    barrier_wait(&warp_bar[warp]);
+    uint64_t got = warp_slots[warp * 32 + (src_lane & 31)];
+    barrier_wait(&warp_bar[warp]);
+    return got;
+}
+
+static void fiber_main(void) {
+    sim_fiber *self = cur;
+    if (_setjmp(self->jb) == 0) _longjmp(sched_jb, 1);
+    for (;;) {
+        (*cur_body)();
+        self = cur;
+        self->done = true;
+        int t = linear_tid(self);
+        block_bar.live--;
+        barrier_release_if_complete(&block_bar);
+        warp_bar[t / 32].live--;
+        barrier_release_if_complete(&warp_bar[t / 32]);
+        yield_to_scheduler();
+    }
+}
+
+static void ensure_fibers(int n) {
+    while (n_fibers < n) {
+        sim_fiber *f = new sim_fiber();
+        f->stack = (char *)malloc(SIM_STACK);
+        if (!f->stack) {
+            fprintf(stderr, "cuda_sim: out of memory for fiber stacks\n");
+            abort();
+        }
+        getcontext(&f->uc);
+        f->uc.uc_stack.ss_sp = f->stack;
+        f->uc.uc_stack.ss_size = SIM_STACK;
+        f->uc.uc_link = NULL;
+        makecontext(&f->uc, fiber_main, 0);
+        cur = f;
+        static ucontext_t here;
+        if (_setjmp(sched_jb) == 0) swapcontext(&here, &f->uc);
+        fibers[n_fibers++] = f;
+    }
+}
+
+/* ---------------------------------------------------------------- streams, graphs */
+
+struct sim_graph {
+    std::vector<std::function<void()>> ops;
+};
+static bool capturing;
+static sim_graph *capture;
+
+static void run_block(int n, std::function<void()> &body) {
+    ensure_fibers(n);
+    cur_body = &body;
+    block_bar = sim_barrier{0, n, 0};
+    for (int w = 0; w < (n + 31) / 32; w++) warp_bar[w] = sim_barrier{0, n - 32 * w < 32 ? n - 32 * w : 32, 0};
+    for (int i = 0; i < n; i++) {
+        sim_fiber *f = fibers[i];
+        f->done = false;
+        f->tid = dim3(i % sim_blockDim.x, (i / sim_blockDim.x) % sim_blockDim.y, i / (sim_blockDim.x * sim_blockDim.y));
+    }
+    for (int remaining = n; remaining > 0;) {
+        remaining = 0;
+        for (int i = 0; i < n; i++) {
+            if (fibers[i]->done) continue;
+            cur = fibers[i];
+            if (_setjmp(sched_jb) == 0) _longjmp(cur->jb, 1);
+            if (!fibers[i]->done) remaining++;
+        }
+    }
+}
+
+static void run_kernel(dim3 grid, dim3 block, std::function<void()> &body) {
+    int n = (int)(block.x * block.y * block.z);
+    if (n > SIM_MAX_THREADS) {
+        fprintf(stderr, "cuda_sim: block of %d threads\n", n);
+        abort();
+    }
+    sim_gridDim = grid;
+    sim_blockDim = block;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                sim_blockIdx = dim3(x, y, z);
+                run_block(n, body);
+            }
+}
+
+void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body) {
+    if (smem > SIM_SMEM) {
+        fprintf(stderr, "cuda_sim: %zu bytes of dynamic shared memory\n", smem);
+        abort();
+    }
+    if (capturing) {
+        capture->ops.push_back([=]() mutable { run_kernel(grid, block, body); });
+        return;
+    }
+    run_kernel(grid, block, body);
+}
+
+static void enqueue(std::function<void()> op) {
+    if (capturing) capture->ops.push_back(op);
+    else op();
+}
+
+const char *cudaGetErrorName(cudaError_t e) {
+    return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation"
+                                          : e == cudaErrorNoDevice          ? "cudaErrorNoDevice"
+                                                                             : "cudaErrorInvalidValue";
+}
+const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "simulated error"; }
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int *n) {
+    const char *on = getenv("MOE_CUDA_SIM");
+    *n = on && on[0] == '1' ? 1 : 0;
+    return *n ? cudaSuccess : cudaErrorNoDevice;
+}
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "moe.c CUDA simulator (CPU)");
+    p->multiProcessorCount = 2;
+    p->l2CacheSize = 1 << 20;
+    p->sharedMemPerBlockOptin = SIM_SMEM;
+    p->totalGlobalMem = (size_t)8 << 30;
+    p->major = 9;
+    return cudaSuccess;
+}
+static size_t allocated;
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
+    *total_bytes = (size_t)8 << 30;
+    *free_bytes = *total_bytes - allocated;
+    return cudaSuccess;
+}
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+    size_t rounded = (bytes + 255) / 256 * 256 + 256;
+    *p = aligned_alloc(256, rounded);
+    if (!*p) return cudaErrorMemoryAllocation;
+    memset(*p, 0xA5, rounded); /* garbage, like fresh device memory */
+    allocated += rounded;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaMallocHost(void **p, size_t bytes) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFreeHost(void *p) { free(p); return cudaSuccess; }
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind) {
+    memmove(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind, cudaStream_t) {
+    if (capturing) enqueue([=]() { memmove(dst, src, n); });
+    else memmove(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *dst, int v, size_t n) { memset(dst, v, n); return cudaSuccess; }
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t) {
+    enqueue([=]() { memset(dst, v, n); });
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) { *s = (cudaStream_t)0x1; return cudaSuccess; }
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+struct sim_event {
+    double t;
+};
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new sim_event{0}; return cudaSuccess; }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    enqueue([=]() { e->t = now_ms(); });
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) { *ms = (float)(b->t - a->t); return cudaSuccess; }
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) {
+    capture = new sim_graph();
+    capturing = true;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t *g) {
+    capturing = false;
+    *g = capture;
+    capture = NULL;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
+    *e = new sim_graph(*g);
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t) {
+    for (auto &op : e->ops) op();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
+cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
+#endif

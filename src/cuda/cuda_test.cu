@@ -1,0 +1,171 @@
+/*
+ * cuda_test.cu — single launches of the decode step's matrix kernels on
+ * fresh device buffers, for tests/test_cuda_kernels.c: the weights go
+ * through the same upload (and repacking) as a model's, outputs are
+ * poisoned with NaN (0xff bytes) before the launch so an element a kernel
+ * fails to write cannot pass.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/kernels.cuh"
+
+extern "C" {
+#include "cuda/cuda_backend.h"
+}
+
+typedef struct test_buffers {
+    uint8_t *arena;
+    void *ptrs[8];
+    int n;
+} test_buffers;
+
+static moe_status dev_alloc(test_buffers *b, void **p, size_t bytes, moe_error *err) {
+    CUDA_CHECK(cudaMalloc(p, bytes));
+    b->ptrs[b->n++] = *p;
+    return MOE_OK;
+}
+
+static void release(test_buffers *b) {
+    cudaDeviceSynchronize();
+    for (int i = 0; i < b->n; i++) cudaFree(b->ptrs[i]);
+    if (b->arena) cudaFree(b->arena);
+}
+
+/* Upload n_mats slabs (each n_experts matrices, contiguous GGUF rows). */
+static moe_status upload_slabs(test_buffers *b, int n_mats, const int *types, const void *const *data, const int *rows,
+                               const int *cols, int n_experts, dmat *out, moe_error *err) {
+    uploader u;
+    memset(&u, 0, sizeof u);
+    u.err = err;
+    const uint8_t *srcs[2][256];
+    if (n_experts > 256) return moe_error_set(err, MOE_ERR_RANGE, "at most 256 experts in a test");
+    for (int pass = 0; pass < 2; pass++) {
+        u.dry = pass == 0;
+        u.used = 0;
+        for (int i = 0; i < n_mats; i++) {
+            size_t bytes = quant_row_bytes((moe_type)types[i], cols[i]) * (size_t)rows[i];
+            for (int e = 0; e < n_experts; e++) srcs[i & 1][e] = (const uint8_t *)data[i] + e * bytes;
+            if (upload_rows(&u, types[i], n_experts, srcs[i & 1], rows[i], cols[i], "test", &out[i]) != MOE_OK)
+                return u.status;
+        }
+        if (pass == 0) {
+            CUDA_CHECK(cudaMalloc(&b->arena, u.used));
+            u.base = b->arena;
+            u.staging_bytes = (size_t)16 << 20;
+            u.staging = (uint8_t *)malloc(u.staging_bytes);
+            if (!u.staging) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        }
+    }
+    free(u.staging);
+    return MOE_OK;
+}
+
+static int test_grid(const cuda_format *f, int kernel, size_t smem, int rows, int lanes) {
+    cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    const int per_block = GEMV_WARPS * (32 / lanes), need = (rows + per_block - 1) / per_block;
+    const int cap = f->occupancy(kernel, smem) * prop.multiProcessorCount;
+    return need < cap ? need : cap;
+}
+
+moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, const float *x, float *y, moe_error *err) {
+    const cuda_format *f = cuda_format_of(type);
+    if (!f) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA kernels for type %d", (int)type);
+    test_buffers b;
+    memset(&b, 0, sizeof b);
+    dmat m;
+    int t = type;
+    float *dx = NULL, *dy = NULL;
+    moe_status st = upload_slabs(&b, 1, &t, &w, &rows, &cols, 1, &m, err);
+    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dx, (size_t)cols * 4, err);
+    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dy, (size_t)rows * 4, err);
+    if (st == MOE_OK) {
+        gemv_args a;
+        memset(&a, 0, sizeof a);
+        a.in = act_in{dx, NULL, 0.0f, cols};
+        a.seg[0].w = m;
+        a.seg[0].out = dy;
+        a.n_seg = 1;
+        a.seg_end[0] = rows;
+        a.lanes = pick_lanes(m.units, f->n);
+        size_t smem = gemv_smem(f->act, cols, 0);
+        cudaError_t e = cudaMemcpy(dx, x, (size_t)cols * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) e = cudaMemset(dy, 0xff, (size_t)rows * 4);
+        if (e == cudaSuccess) e = cuda_allow_smem_all((int)smem > 48 * 1024 ? (int)smem : 48 * 1024);
+        if (e == cudaSuccess) {
+            f->gemv(&a, test_grid(f, 0, smem, rows, a.lanes), smem, 0, false);
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) e = cudaMemcpy(y, dy, (size_t)rows * 4, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            st = moe_error_set(err, MOE_ERR_IO, "gemv test (%s, %d x %d): %s", f->name, rows, cols, cudaGetErrorName(e));
+        }
+    }
+    release(&b);
+    return st;
+}
+
+moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, int k, int n_ff, int n_embd,
+                             const void *gate, const void *up, const void *down, const int32_t *ids,
+                             const float *weights, const float *x, const float *y0, float *h, float *y,
+                             moe_error *err) {
+    const cuda_format *f = cuda_format_of(type), *fd = cuda_format_of(down_type);
+    if (!f || !fd) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA kernels for type %d or %d", (int)type, (int)down_type);
+    if (k > MAX_EXPERTS_USED) return moe_error_set(err, MOE_ERR_RANGE, "k = %d > %d", k, MAX_EXPERTS_USED);
+    test_buffers b;
+    memset(&b, 0, sizeof b);
+    dmat m[3];
+    int types[3] = {type, type, down_type}, rows[3] = {n_ff, n_ff, n_embd}, cols[3] = {n_embd, n_embd, n_ff};
+    const void *data[3] = {gate, up, down};
+    float *dx = NULL, *dh = NULL, *dy = NULL, *dw = NULL;
+    int *dids = NULL;
+    moe_status st = upload_slabs(&b, 3, types, data, rows, cols, n_experts, m, err);
+    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dx, (size_t)n_embd * 4, err);
+    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dh, (size_t)k * n_ff * 4, err);
+    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dy, (size_t)n_embd * 4, err);
+    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dw, (size_t)k * 4, err);
+    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dids, (size_t)k * 4, err);
+    if (st == MOE_OK) {
+        ffn_up_args ua;
+        memset(&ua, 0, sizeof ua);
+        ua.in = act_in{dx, NULL, 0.0f, n_embd};
+        ua.gate = m[0], ua.up = m[1], ua.n_routed = k, ua.ids = dids, ua.h = dh;
+        ua.h_shared_off = k * n_ff;
+        ua.lanes = pick_lanes(m[0].units, f->n > 1 ? f->n / 2 : 1);
+        size_t su = gemv_smem(f->act, n_embd, 0);
+        ffn_down_args da;
+        memset(&da, 0, sizeof da);
+        da.in = act_in{dh, NULL, 0.0f, k * n_ff};
+        da.down = m[2], da.n_routed = k, da.ids = dids, da.route_w = dw, da.routed_act_stride = n_ff, da.x = dy;
+        da.lanes = pick_lanes(k * m[2].units, fd->n);
+        size_t sd = gemv_smem(fd->act, k * n_ff, 0);
+        size_t most = su > sd ? su : sd;
+        cudaError_t e = cudaMemcpy(dx, x, (size_t)n_embd * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) e = cudaMemcpy(dy, y0, (size_t)n_embd * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) e = cudaMemcpy(dw, weights, (size_t)k * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) e = cudaMemcpy(dids, ids, (size_t)k * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) e = cudaMemset(dh, 0xff, (size_t)k * n_ff * 4);
+        if (e == cudaSuccess) e = cuda_allow_smem_all((int)most > 48 * 1024 ? (int)most : 48 * 1024);
+        if (e == cudaSuccess) {
+            f->up(&ua, test_grid(f, 1, su, k * n_ff, ua.lanes), su, 0, false);
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) e = cudaMemcpy(h, dh, (size_t)k * n_ff * 4, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) {
+            fd->down(&da, test_grid(fd, 2, sd, n_embd, da.lanes), sd, 0, false);
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) e = cudaMemcpy(y, dy, (size_t)n_embd * 4, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            st = moe_error_set(err, MOE_ERR_IO, "expert test (%s/%s): %s", f->name, fd->name, cudaGetErrorName(e));
+        }
+    }
+    release(&b);
+    return st;
+}

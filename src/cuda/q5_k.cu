@@ -1,0 +1,79 @@
+/*
+ * q5_k.cu — Q5_K on the GPU: the family twin of src/quant/q5_k.c.
+ *
+ * Device layout: the GGUF block as it is (176 bytes = 11 x 16: header,
+ * 32 bytes of fifth bits qh, 128 bytes of nibbles). No meta array.
+ *
+ * Unit c (0..7): nibble chunk c (bytes 48 + 16c), the 16 qh bytes of the
+ * same l range (16 + 16 (c % 2)) and the header: as Q4_K's unit, with bit
+ * 2g (low nibbles) or 2g + 1 (high nibbles) of each qh byte as the code's
+ * bit 4. 3 loads per unit, 2 units per lane in flight.
+ */
+#include "cuda/kernels.cuh"
+#include "cuda/k_quant.cuh"
+
+struct fmt_q5_k {
+    static constexpr int TYPE = MOE_TYPE_Q5_K, ACT = ACT_Q8K, N = 2;
+    static constexpr int BLOCK = 256, BODY = 176, META = 0, UNITS = 8;
+    static constexpr repack_fn repack = nullptr;
+    struct raw {
+        uint4 q, qh, h;
+    };
+    static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *, int u) {
+        const uint8_t *blk = body + (u >> 3) * BODY;
+        raw r;
+        r.q = ldg16(blk + 48 + 16 * (u & 7));
+        r.qh = ldg16(blk + 16 + 16 * (u & 1));
+        r.h = ldg16(blk);
+        return r;
+    }
+    /* codes of the unit's 16 low-nibble and 16 high-nibble weights, 4 per word */
+    static __device__ __forceinline__ void codes(const raw &r, int g, unsigned lo[4], unsigned hi[4]) {
+        const unsigned w[4] = {r.q.x, r.q.y, r.q.z, r.q.w}, qh[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            lo[i] = (w[i] & 0x0f0f0f0f) | (((qh[i] >> (2 * g)) & 0x01010101) << 4);
+            hi[i] = ((w[i] >> 4) & 0x0f0f0f0f) | (((qh[i] >> (2 * g + 1)) & 0x01010101) << 4);
+        }
+    }
+    static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
+        const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
+        int sc0, m0, sc1, m1;
+        k_scale_min(r.h, 2 * g, &sc0, &m0);
+        k_scale_min(r.h, 2 * g + 1, &sc1, &m1);
+        unsigned lo[4], hi[4];
+        codes(r, g, lo, hi);
+        const int e = act_off + b * 256 + 64 * g + 16 * hh;
+        const int4 al4 = *(const int4 *)(a.q + e), ah4 = *(const int4 *)(a.q + e + 32);
+        const int al[4] = {al4.x, al4.y, al4.z, al4.w}, ah[4] = {ah4.x, ah4.y, ah4.z, ah4.w};
+        int dot_lo = 0, dot_hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            dot_lo = __dp4a((int)lo[i], al[i], dot_lo);
+            dot_hi = __dp4a((int)hi[i], ah[i], dot_hi);
+        }
+        const int sum_q = sc0 * dot_lo + sc1 * dot_hi;
+        const int sum_m = m0 * a.s16[e >> 4] + m1 * a.s16[(e + 32) >> 4];
+        const float ad = a.d[(act_off + b * 256) >> 8];
+        const float d = h2f((uint16_t)(r.h.x & 0xffff)) * ad, dmin = h2f((uint16_t)(r.h.x >> 16)) * ad;
+        return d * (float)sum_q - dmin * (float)sum_m;
+    }
+    static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
+        const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
+        int sc0, m0, sc1, m1;
+        k_scale_min(r.h, 2 * g, &sc0, &m0);
+        k_scale_min(r.h, 2 * g + 1, &sc1, &m1);
+        unsigned lo[4], hi[4];
+        codes(r, g, lo, hi);
+        const float d = h2f((uint16_t)(r.h.x & 0xffff)), dmin = h2f((uint16_t)(r.h.x >> 16));
+        const float s0 = d * sc0, n0 = dmin * m0, s1 = d * sc1, n1 = dmin * m1;
+        float *y = out + b * 256 + 64 * g + 16 * hh;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            y[i] = s0 * (float)((lo[i >> 2] >> (8 * (i & 3))) & 0xff) - n0;
+            y[32 + i] = s1 * (float)((hi[i >> 2] >> (8 * (i & 3))) & 0xff) - n1;
+        }
+    }
+};
+
+DEFINE_CUDA_FORMAT(fmt_q5_k, q5_k)

@@ -1,0 +1,91 @@
+/*
+ * q6_k.cu — Q6_K on the GPU: the family twin of src/quant/q6_k.c.
+ *
+ * Device layout: the GGUF block is 210 bytes, not a multiple of 16, so it
+ * is split: the body is its first 208 bytes (ql 0..127, qh 128..191,
+ * scales 192..207, in GGUF order), the meta array holds d (fp16). Same
+ * bytes as the file, all 16-byte aligned.
+ *
+ * Unit t (0..3) of a block: half hf = t / 2 and l = l0..l0+15 with
+ * l0 = 16 (t % 2). Its three chunks ql[64hf + l], ql[64hf + 32 + l] and
+ * qh[32hf + l] hold the four weights 128hf + 32k + l, k = 0..3: low
+ * nibbles of the first chunk (k = 0) and of the second (k = 1), high
+ * nibbles of the first (k = 2) and the second (k = 3), bits 2k..2k+1 of qh
+ * on top. Each k is 16 weights of one sub-block j = 8hf + 2k + l0/16 with
+ * its signed 8-bit scale from the scales chunk. Codes minus 32 with
+ * __vsub4, then dp4a against Q8_K:  d * d8 * sum_k sc_j * dot_k.
+ * 4 loads + a 2-byte meta load per unit, 2 units per lane in flight.
+ */
+#include "cuda/kernels.cuh"
+
+struct fmt_q6_k {
+    static constexpr int TYPE = MOE_TYPE_Q6_K, ACT = ACT_Q8K, N = 2;
+    static constexpr int BLOCK = 256, BODY = 208, META = 2, UNITS = 4;
+    static void repack(const uint8_t *src, uint8_t *body, uint8_t *meta, int nb) {
+        for (int b = 0; b < nb; b++) {
+            memcpy(body + (size_t)b * 208, src + (size_t)b * 210, 208);
+            memcpy(meta + (size_t)b * 2, src + (size_t)b * 210 + 208, 2);
+        }
+    }
+    struct raw {
+        uint4 a, b, h, s;
+        unsigned d;
+    };
+    static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *meta, int u) {
+        const int blk = u >> 2, t = u & 3, hf = t >> 1, l0 = (t & 1) * 16;
+        const uint8_t *p = body + blk * BODY;
+        raw r;
+        r.a = ldg16(p + 64 * hf + l0);
+        r.b = ldg16(p + 64 * hf + 32 + l0);
+        r.h = ldg16(p + 128 + 32 * hf + l0);
+        r.s = ldg16(p + 192);
+        r.d = ldg_u16(meta + 2 * blk);
+        return r;
+    }
+    /* the 16 codes (0..63) of weights 128hf + 32k + l0 + i, 4 per word */
+    static __device__ __forceinline__ void codes(const raw &r, int k, unsigned q[4]) {
+        const unsigned A[4] = {r.a.x, r.a.y, r.a.z, r.a.w}, B[4] = {r.b.x, r.b.y, r.b.z, r.b.w};
+        const unsigned H[4] = {r.h.x, r.h.y, r.h.z, r.h.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            unsigned nib = k == 0 ? A[i] : k == 1 ? B[i] : k == 2 ? A[i] >> 4 : B[i] >> 4;
+            q[i] = (nib & 0x0f0f0f0f) | (((H[i] >> (2 * k)) & 0x03030303) << 4);
+        }
+    }
+    static __device__ __forceinline__ int scale(const raw &r, int j) {
+        const unsigned S[4] = {r.s.x, r.s.y, r.s.z, r.s.w};
+        return (int)(int8_t)((S[j >> 2] >> (8 * (j & 3))) & 0xff);
+    }
+    static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
+        const int blk = u >> 2, t = u & 3, hf = t >> 1, l0 = (t & 1) * 16;
+        const int e0 = act_off + blk * 256 + 128 * hf + l0;
+        int sum = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            unsigned q[4];
+            codes(r, k, q);
+            const int4 av = *(const int4 *)(a.q + e0 + 32 * k);
+            const int ai[4] = {av.x, av.y, av.z, av.w};
+            int dk = 0;
+#pragma unroll
+            for (int i = 0; i < 4; i++) dk = __dp4a((int)__vsub4(q[i], 0x20202020u), ai[i], dk);
+            sum += scale(r, 8 * hf + 2 * k + (l0 >> 4)) * dk;
+        }
+        return h2f((uint16_t)r.d) * a.d[(act_off + blk * 256) >> 8] * (float)sum;
+    }
+    static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
+        const int blk = u >> 2, t = u & 3, hf = t >> 1, l0 = (t & 1) * 16;
+        const float d = h2f((uint16_t)r.d);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            unsigned q[4];
+            codes(r, k, q);
+            const float s = d * (float)scale(r, 8 * hf + 2 * k + (l0 >> 4));
+            float *y = out + blk * 256 + 128 * hf + 32 * k + l0;
+#pragma unroll
+            for (int i = 0; i < 16; i++) y[i] = s * (float)((int)((q[i >> 2] >> (8 * (i & 3))) & 0xff) - 32);
+        }
+    }
+};
+
+DEFINE_CUDA_FORMAT(fmt_q6_k, q6_k)

@@ -1,0 +1,441 @@
+/*
+ * cmd_bench.c — `moe bench`: prompt processing and generation speed, each
+ * beside its ceiling, shaped like llama-bench's table.
+ *
+ *   pp<P>  P prompt tokens from an empty context (this milestone's GPU
+ *          prefill runs them through the decode step one at a time);
+ *   tg<N>  N tokens generated greedily from an empty context; on the GPU
+ *          the step's argmax feeds the next step on the device, so the
+ *          figure is the engine's, with no host in the loop.
+ *
+ * Every figure is the median of -r repetitions after a warm-up, with the
+ * spread (min..max); GPU times come from CUDA events. Beside decode: the
+ * bytes a token reads (MEASURING.md: attention and norms, the router, the
+ * k routed experts plus the shared one, the output head, one embedding
+ * row, plus the KV cache read, averaged over the N positions), the GB/s
+ * that makes, and that as a fraction of the read bandwidth this run
+ * measured itself (a 16-byte-load read kernel over --bw-gib GiB, median of
+ * 10 after warm-up). On the CPU no ceiling is measured, and the table says
+ * so. Inputs are random token ids, never zeros.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "cpu/cpu.h"
+#include "cuda/cuda_backend.h"
+#include "model/model.h"
+
+enum { MAX_REPS = 100 };
+
+typedef struct bench_args {
+    const char *path;
+    int p, n, reps, threads;
+    bool json;
+    moe_device device;
+    double bw_gib;
+} bench_args;
+
+typedef struct stat3 {
+    double median, min, max;
+} stat3;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static stat3 stats(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    stat3 s = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v[0], v[n - 1]};
+    return s;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ------------------------------------------------------------ what a token reads */
+
+static double matrix_bytes(const matrix *w) { return w->data ? (double)w->rows * w->row_bytes : 0; }
+static double vec_bytes(const vec *v) { return v->data ? (double)v->n * 4 : 0; }
+static double expert_bytes(const expert_set *e) { return (double)e->rows * e->row_bytes; }
+
+typedef struct token_bytes {
+    double attention, router, experts, head, embedding; /* weights a decoded token reads */
+    double kv_per_position;                             /* KV cache bytes per cached position */
+    double weights_total, params_total, params_active;
+} token_bytes;
+
+static token_bytes count_bytes(const model *m) {
+    const model_config *c = &m->config;
+    token_bytes b = {0};
+    int k = c->n_experts ? c->n_experts_used : 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_weights *w = &m->layers[l];
+        double attn = matrix_bytes(&w->wq) + matrix_bytes(&w->wk) + matrix_bytes(&w->wv) + matrix_bytes(&w->wo) +
+                      vec_bytes(&w->attn_norm) + vec_bytes(&w->ffn_norm) + vec_bytes(&w->bq) + vec_bytes(&w->bk) +
+                      vec_bytes(&w->bv) + vec_bytes(&w->q_norm) + vec_bytes(&w->k_norm);
+        b.attention += attn;
+        b.params_active += (double)(w->wq.rows + w->wk.rows + w->wv.rows) * w->wq.cols + (double)w->wo.rows * w->wo.cols;
+        if (c->n_experts) {
+            double one = expert_bytes(&w->exp_gate) + expert_bytes(&w->exp_up) + expert_bytes(&w->exp_down);
+            double shared = matrix_bytes(&w->sh_gate) + matrix_bytes(&w->sh_up) + matrix_bytes(&w->sh_down) +
+                            vec_bytes(&w->sh_gate_inp);
+            b.router += matrix_bytes(&w->router);
+            b.experts += k * one + shared;
+            b.weights_total += attn + matrix_bytes(&w->router) + c->n_experts * one + shared;
+            double p_one = 3.0 * w->exp_gate.rows * w->exp_gate.cols;
+            double p_sh = w->sh_gate.data ? 3.0 * w->sh_gate.rows * w->sh_gate.cols : 0;
+            b.params_active += k * p_one + p_sh + (double)w->router.rows * w->router.cols;
+            b.params_total += c->n_experts * p_one + p_sh + (double)w->router.rows * w->router.cols;
+        } else {
+            double ffn = matrix_bytes(&w->ffn_gate) + matrix_bytes(&w->ffn_up) + matrix_bytes(&w->ffn_down);
+            b.experts += ffn;
+            b.weights_total += attn + ffn;
+            double p = 3.0 * w->ffn_gate.rows * w->ffn_gate.cols;
+            b.params_active += p;
+            b.params_total += p;
+        }
+        b.params_total += (double)(w->wq.rows + w->wk.rows + w->wv.rows) * w->wq.cols + (double)w->wo.rows * w->wo.cols;
+    }
+    b.head = matrix_bytes(&m->output) + vec_bytes(&m->output_norm);
+    b.embedding = (double)m->token_embd.row_bytes;
+    b.weights_total += matrix_bytes(&m->token_embd) + (c->tied_embeddings ? 0 : matrix_bytes(&m->output));
+    double p_embd = (double)m->token_embd.rows * m->token_embd.cols;
+    b.params_total += p_embd * (c->tied_embeddings ? 1 : 2);
+    b.params_active += p_embd;
+    b.kv_per_position = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
+    return b;
+}
+
+/* Bytes of one decoded token at position t (it reads t + 1 cached positions). */
+static double bytes_at(const token_bytes *b, int t) {
+    return b->attention + b->router + b->experts + b->head + b->embedding + b->kv_per_position * (t + 1);
+}
+
+/* ------------------------------------------------------------ results */
+
+typedef struct row {
+    char test[32], variant[40];
+    stat3 tps;           /* tokens per second */
+    double bytes;        /* per token, decode only */
+} row;
+
+typedef struct report {
+    char model_name[128], backend[160];
+    token_bytes tb;
+    double ceiling_gbps;  /* 0: not measured */
+    stat3 ceiling;
+    double bw_gib;
+    double weights_gb, state_gb, device_used_gb;
+    double upload_s;
+    row rows[8];
+    int n_rows;
+    char note[256];
+} report;
+
+static void print_markdown(const report *r, const bench_args *a) {
+    printf("| model | size | params | backend | test | t/s | spread | ms/token | GB/token | GB/s | of read BW |\n");
+    printf("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for (int i = 0; i < r->n_rows; i++) {
+        const row *w = &r->rows[i];
+        printf("| %s | %.2f GB | %.2f B (%.2f B active) | %s | %s%s%s | %.1f | %.1f..%.1f | %.3f |", r->model_name,
+               r->tb.weights_total / 1e9, r->tb.params_total / 1e9, r->tb.params_active / 1e9, r->backend, w->test,
+               w->variant[0] ? " " : "", w->variant, w->tps.median, w->tps.min, w->tps.max, 1e3 / w->tps.median);
+        if (w->bytes > 0) {
+            double gbps = w->bytes * w->tps.median / 1e9;
+            printf(" %.3f | %.0f |", w->bytes / 1e9, gbps);
+            if (r->ceiling_gbps > 0) printf(" %.1f%% |\n", 100.0 * gbps / r->ceiling_gbps);
+            else printf(" n/a |\n");
+        } else {
+            printf(" | | |\n");
+        }
+    }
+    printf("\n");
+    if (r->ceiling_gbps > 0)
+        printf("Read bandwidth (ceiling): %.0f GB/s, median of 10 runs of a 16-byte-load read kernel over %.1f GiB "
+               "(spread %.0f..%.0f).\n",
+               r->ceiling_gbps, r->bw_gib, r->ceiling.min, r->ceiling.max);
+    else
+        printf("Read bandwidth: not measured on the CPU; the GB/s column is what decode reads.\n");
+    printf("A decoded token reads %.3f GB of weights: attention and norms %.1f MB, router %.1f MB, experts %.1f MB, "
+           "head %.1f MB; plus %.1f KB of KV cache per cached position.\n",
+           (bytes_at(&r->tb, -1)) / 1e9, r->tb.attention / 1e6, r->tb.router / 1e6, r->tb.experts / 1e6,
+           r->tb.head / 1e6, r->tb.kv_per_position / 1e3);
+    if (r->weights_gb > 0)
+        printf("GPU memory: weights %.2f GB, KV cache and activations %.2f GB; the device had %.2f GB in use at the "
+               "end (upload %.1f s).\n",
+               r->weights_gb, r->state_gb, r->device_used_gb, r->upload_s);
+    printf("Repetitions: %d after a warm-up; t/s is the median, spread min..max.%s%s\n", a->reps, r->note[0] ? " " : "",
+           r->note);
+}
+
+static void print_json(const report *r, const bench_args *a) {
+    printf("{\"model\": \"%s\", \"backend\": \"%s\", \"weights_bytes\": %.0f, \"params\": %.0f, \"params_active\": %.0f,\n",
+           r->model_name, r->backend, r->tb.weights_total, r->tb.params_total, r->tb.params_active);
+    if (r->ceiling_gbps > 0)
+        printf(" \"read_bandwidth_gbps\": %.1f, \"read_bandwidth_min\": %.1f, \"read_bandwidth_max\": %.1f,\n",
+               r->ceiling_gbps, r->ceiling.min, r->ceiling.max);
+    else
+        printf(" \"read_bandwidth_gbps\": null,\n");
+    printf(" \"bandwidth_buffer_gib\": %.1f, \"repetitions\": %d,\n", r->bw_gib, a->reps);
+    printf(" \"gpu_weights_gb\": %.3f, \"gpu_state_gb\": %.3f, \"gpu_used_gb\": %.3f,\n \"tests\": [\n", r->weights_gb,
+           r->state_gb, r->device_used_gb);
+    for (int i = 0; i < r->n_rows; i++) {
+        const row *w = &r->rows[i];
+        double gbps = w->bytes * w->tps.median / 1e9;
+        printf("  {\"test\": \"%s\", \"variant\": \"%s\", \"tps_median\": %.3f, \"tps_min\": %.3f, \"tps_max\": %.3f", w->test,
+               w->variant, w->tps.median, w->tps.min, w->tps.max);
+        if (w->bytes > 0)
+            printf(", \"bytes_per_token\": %.0f, \"gbps\": %.1f, \"fraction_of_read_bw\": %.4f", w->bytes, gbps,
+                   r->ceiling_gbps > 0 ? gbps / r->ceiling_gbps : 0.0);
+        printf("}%s\n", i + 1 < r->n_rows ? "," : "");
+    }
+    printf(" ]}\n");
+}
+
+/* ------------------------------------------------------------ runs */
+
+static void random_tokens(int32_t *ids, int n, int vocab, uint64_t seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int32_t)((seed >> 33) % (uint64_t)vocab);
+    }
+}
+
+static double mean_decode_bytes(const token_bytes *tb, int first, int n) {
+    double sum = 0;
+    for (int t = first; t < first + n; t++) sum += bytes_at(tb, t);
+    return sum / n;
+}
+
+#ifdef MOE_HAVE_CUDA
+static int bench_cuda(const model *m, const bench_args *a, report *r, const int32_t *prompt) {
+    moe_error err = {0};
+    double gbps[16];
+    size_t bw_bytes = (size_t)(a->bw_gib * (double)(1ull << 30));
+    if (cuda_read_bandwidth(bw_bytes, 10, gbps, &err) != MOE_OK) return cli_fail("bench", &err);
+    r->ceiling = stats(gbps, 10);
+    r->ceiling_gbps = r->ceiling.median;
+    r->bw_gib = a->bw_gib;
+    cuda_model *g = NULL;
+    double t0 = now();
+    if (cuda_model_new(m, &g, &err) != MOE_OK) return cli_fail("bench", &err);
+    r->upload_s = now() - t0;
+    snprintf(r->backend, sizeof r->backend, "CUDA (%s)", cuda_model_device_name(g));
+    r->weights_gb = cuda_model_bytes(g) / 1e9;
+    int n_ctx = (a->p > a->n ? a->p : a->n) + 8;
+    const struct {
+        const char *name;
+        cuda_options o;
+    } variants[] = {{"graph+PDL", {true, true}}, {"graph", {true, false}}, {"no graph", {false, false}}};
+    int status = 0;
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0] && status == 0; v++) {
+        cuda_state *s = NULL;
+        if (cuda_state_new(g, n_ctx, &variants[v].o, &s, &err) != MOE_OK) {
+            status = cli_fail("bench", &err);
+            break;
+        }
+        r->state_gb = cuda_state_bytes(s) / 1e9;
+        double tps[MAX_REPS];
+        float ms = 0;
+        int32_t *out = malloc((size_t)a->n * sizeof *out);
+        if (v == 0 && a->p > 0) { /* prefill: once for each variant would triple the run; the default only */
+            for (int i = -1; i < a->reps && status == 0; i++) {
+                if (cuda_prefill_timed(s, prompt, a->p, &ms, &err) != MOE_OK) status = cli_fail("bench", &err);
+                else if (i >= 0) tps[i] = a->p / (ms * 1e-3);
+            }
+            if (status == 0) {
+                row *w = &r->rows[r->n_rows++];
+                snprintf(w->test, sizeof w->test, "pp%d", a->p);
+                snprintf(w->variant, sizeof w->variant, "(token by token)");
+                w->tps = stats(tps, a->reps);
+                w->bytes = 0;
+            }
+        }
+        for (int i = -1; i < a->reps && status == 0 && a->n > 0; i++) {
+            if (cuda_decode_greedy(s, prompt[0], 0, a->n, out, &ms, &err) != MOE_OK) status = cli_fail("bench", &err);
+            else if (i >= 0) tps[i] = a->n / (ms * 1e-3);
+        }
+        if (status == 0 && a->n > 0) {
+            row *w = &r->rows[r->n_rows++];
+            snprintf(w->test, sizeof w->test, "tg%d", a->n);
+            snprintf(w->variant, sizeof w->variant, "(%s)", variants[v].name);
+            w->tps = stats(tps, a->reps);
+            w->bytes = mean_decode_bytes(&r->tb, 0, a->n);
+            int distinct = 0; /* the greedy text is not one token repeated: the step really ran */
+            for (int i = 1; i < a->n; i++) distinct += out[i] != out[0];
+            if (v == 0)
+                snprintf(r->note, sizeof r->note, "Greedy tokens of the last tg run: %d %d %d %d ... (%d of %d differ from the first).",
+                         out[0], a->n > 1 ? out[1] : -1, a->n > 2 ? out[2] : -1, a->n > 3 ? out[3] : -1, distinct, a->n);
+        }
+        size_t used = 0, total = 0;
+        if (cuda_memory_info(&used, &total, &err) == MOE_OK && used / 1e9 > r->device_used_gb) r->device_used_gb = used / 1e9;
+        free(out);
+        cuda_state_free(s);
+    }
+    cuda_model_free(g);
+    return status;
+}
+#endif
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static int bench_cpu(const model *m, const bench_args *a, report *r, const int32_t *prompt) {
+    moe_error err = {0};
+    int n_ctx = (a->p > a->n ? a->p : a->n) + 8, vocab = m->config.n_vocab;
+    cpu_state *s = NULL;
+    if (cpu_state_new(m, n_ctx, a->p > 0 ? a->p : 1, a->threads, &s, &err) != MOE_OK) return cli_fail("bench", &err);
+    snprintf(r->backend, sizeof r->backend, "CPU");
+    float *logits = malloc((size_t)vocab * sizeof *logits);
+    double tps[MAX_REPS];
+    int status = 0;
+    if (a->p > 0) {
+        for (int i = -1; i < a->reps && status == 0; i++) {
+            double t0 = now();
+            if (cpu_forward(s, prompt, a->p, 0, logits, false, &err) != MOE_OK) status = cli_fail("bench", &err);
+            else if (i >= 0) tps[i] = a->p / (now() - t0);
+        }
+        if (status == 0) {
+            row *w = &r->rows[r->n_rows++];
+            snprintf(w->test, sizeof w->test, "pp%d", a->p);
+            w->tps = stats(tps, a->reps);
+        }
+    }
+    for (int i = -1; i < a->reps && status == 0 && a->n > 0; i++) {
+        int32_t tok = prompt[0];
+        double t0 = now();
+        for (int t = 0; t < a->n && status == 0; t++) {
+            if (cpu_forward(s, &tok, 1, t, logits, false, &err) != MOE_OK) status = cli_fail("bench", &err);
+            tok = argmax(logits, vocab);
+        }
+        if (i >= 0) tps[i] = a->n / (now() - t0);
+    }
+    if (status == 0 && a->n > 0) {
+        row *w = &r->rows[r->n_rows++];
+        snprintf(w->test, sizeof w->test, "tg%d", a->n);
+        w->tps = stats(tps, a->reps);
+        w->bytes = mean_decode_bytes(&r->tb, 0, a->n);
+    }
+    free(logits);
+    cpu_state_free(s);
+    return status;
+}
+
+/* ------------------------------------------------------------ the command */
+
+static void print_help(void) {
+    printf("usage: moe bench -m FILE [-p 512] [-n 128] [-r 5] [-o md|json] [--device auto|cpu|cuda]\n\n"
+           "Prompt processing (ppP) and generation (tgN) speed, llama-bench style, each\n"
+           "figure the median of R repetitions after a warm-up with its spread. Decode\n"
+           "also shows the bytes a token reads, the GB/s that is, and (on the GPU) that\n"
+           "as a fraction of the read bandwidth measured in the same run.\n\n"
+           "  -m, --model FILE   the GGUF model\n"
+           "  -p, --prompt N     prompt tokens (default 512; 0: skip)\n"
+           "  -n, --gen N        generated tokens (default 128; 0: skip)\n"
+           "  -r, --reps R       repetitions (default 5)\n"
+           "  -o, --output F     md (default) or json\n"
+           "  --device D         auto (default), cpu or cuda\n"
+           "  --threads N        CPU threads (default: all)\n"
+           "  --bw-gib G         size of the read-bandwidth probe buffer (default 8)\n");
+}
+
+int cmd_bench(int argc, char **argv) {
+    bench_args a = {.p = 512, .n = 128, .reps = 5, .device = MOE_DEVICE_AUTO, .bw_gib = 8.0};
+    static const struct option options[] = {
+        {"model", required_argument, NULL, 'm'}, {"prompt", required_argument, NULL, 'p'},
+        {"gen", required_argument, NULL, 'n'},   {"reps", required_argument, NULL, 'r'},
+        {"output", required_argument, NULL, 'o'}, {"device", required_argument, NULL, 'D'},
+        {"threads", required_argument, NULL, 't'}, {"bw-gib", required_argument, NULL, 'B'},
+        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+    };
+    a.path = getenv("MOE_MODEL");
+    int c;
+    long v;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:n:r:o:h", options, NULL)) != -1) {
+        switch (c) {
+        case 'm': a.path = optarg; break;
+        case 'p':
+            if (!cli_parse_int(optarg, 0, 1 << 20, &v)) return cli_usage_error("bench", "bad -p '%s'", optarg);
+            a.p = (int)v;
+            break;
+        case 'n':
+            if (!cli_parse_int(optarg, 0, 1 << 20, &v)) return cli_usage_error("bench", "bad -n '%s'", optarg);
+            a.n = (int)v;
+            break;
+        case 'r':
+            if (!cli_parse_int(optarg, 1, MAX_REPS, &v)) return cli_usage_error("bench", "-r wants 1..%d", MAX_REPS);
+            a.reps = (int)v;
+            break;
+        case 'o':
+            if (strcmp(optarg, "md") && strcmp(optarg, "json")) return cli_usage_error("bench", "-o wants md or json");
+            a.json = strcmp(optarg, "json") == 0;
+            break;
+        case 'D':
+            if (!strcmp(optarg, "cpu")) a.device = MOE_DEVICE_CPU;
+            else if (!strcmp(optarg, "cuda")) a.device = MOE_DEVICE_CUDA;
+            else if (!strcmp(optarg, "auto")) a.device = MOE_DEVICE_AUTO;
+            else return cli_usage_error("bench", "--device wants auto, cpu or cuda");
+            break;
+        case 't':
+            if (!cli_parse_int(optarg, 1, 1024, &v)) return cli_usage_error("bench", "bad --threads '%s'", optarg);
+            a.threads = (int)v;
+            break;
+        case 'B': {
+            char *end;
+            a.bw_gib = strtod(optarg, &end);
+            if (*end || !(a.bw_gib >= 0.0625 && a.bw_gib <= 64)) return cli_usage_error("bench", "--bw-gib wants 0.0625..64");
+            break;
+        }
+        case 'h': print_help(); return 0;
+        default: return cli_usage_error("bench", "unknown option");
+        }
+    }
+    if (!a.path) return cli_usage_error("bench", "no model: pass -m FILE");
+    if (a.p == 0 && a.n == 0) return cli_usage_error("bench", "nothing to measure: -p and -n are both 0");
+    moe_error err = {0};
+    model *m = NULL;
+    if (model_load(a.path, &m, &err) != MOE_OK) return cli_fail("bench", &err);
+    report *r = calloc(1, sizeof *r);
+    int32_t *prompt = malloc((size_t)(a.p > 1 ? a.p : 1) * sizeof *prompt);
+    random_tokens(prompt, a.p > 1 ? a.p : 1, m->config.n_vocab, 42);
+    r->tb = count_bytes(m);
+    gguf_str name = {0, NULL};
+    if (gguf_get_str(m->file, "general.name", &name, NULL) == MOE_OK)
+        snprintf(r->model_name, sizeof r->model_name, "%.*s", (int)(name.len < 120 ? name.len : 120), name.data);
+    else
+        snprintf(r->model_name, sizeof r->model_name, "%s", m->config.arch->name);
+    bool gpu = a.device == MOE_DEVICE_CUDA || (a.device == MOE_DEVICE_AUTO && cuda_available());
+    int status;
+    if (gpu) {
+#ifdef MOE_HAVE_CUDA
+        status = bench_cuda(m, &a, r, prompt);
+#else
+        moe_error e = {MOE_ERR_UNSUPPORTED, "this build of moe.c has no CUDA backend (use --device cpu)"};
+        status = cli_fail("bench", &e);
+#endif
+    } else {
+        status = bench_cpu(m, &a, r, prompt);
+    }
+    if (status == 0) {
+        if (a.json) print_json(r, &a);
+        else print_markdown(r, &a);
+    }
+    free(prompt);
+    free(r);
+    model_free(m);
+    return status;
+}
