@@ -62,12 +62,14 @@ export PATH=/usr/local/cuda/bin:$PATH
 } >"$OUT/env.txt" 2>&1
 
 # ---------------------------------------------------------------- build
-BUILD=/tmp/moe-build
+BUILD=${MOE_BUILD_DIR:-/tmp/moe-build}
 GEN=""
 command -v ninja >/dev/null && GEN="-G Ninja"
-step configure 120 "$OUT/build.log" cmake -S . -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=ON \
+# (MOE_SKIP_BUILD=1 MOE_BUILD_DIR=... MOE_PRESET=tiny: a dry run of this
+# script elsewhere, e.g. with the CPU simulator build)
+[ "${MOE_SKIP_BUILD:-0}" = 1 ] || step configure 120 "$OUT/build.log" cmake -S . -B "$BUILD" $GEN -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=ON \
     -DMOE_CUDA_VERBOSE=ON -DMOE_BENCH=OFF -DCMAKE_PREFIX_PATH="$PREFIX/usr" -DCMAKE_LIBRARY_PATH="$LIBDIR"
-step build 330 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)" --target moe test_cuda_kernels test_cuda_forward test_engine
+[ "${MOE_SKIP_BUILD:-0}" = 1 ] || step build 330 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)" --target moe test_cuda_kernels test_cuda_forward test_engine
 MOE=$BUILD/moe
 
 # what the compiler made of the kernels: registers, spills, 16-byte loads
@@ -86,10 +88,11 @@ MOE=$BUILD/moe
 } >>"$OUT/env.txt" 2>&1
 
 # ---------------------------------------------------------------- model for the benchmark (in the background)
-MODEL=/tmp/qwen3-30b-a3b-q4_k.gguf
+PRESET=${MOE_PRESET:-qwen3-30b-a3b}
+MODEL=/tmp/$PRESET-q4_k.gguf
 if [ -x "$MOE" ]; then
-    log "synth qwen3-30b-a3b q4_k in the background"
-    (timeout 240 "$MOE" synth --preset qwen3-30b-a3b --type q4_k "$MODEL" >"$OUT/synth.tmp" 2>&1; echo "synth exit $?" >>"$OUT/synth.tmp") &
+    log "synth $PRESET q4_k in the background"
+    (timeout 240 "$MOE" synth --preset "$PRESET" --type q4_k "$MODEL" >"$OUT/synth.tmp" 2>&1; echo "synth exit $?" >>"$OUT/synth.tmp") &
     SYNTH_PID=$!
 fi
 

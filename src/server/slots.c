@@ -93,8 +93,7 @@ static moe_session *slot_session(slot *s, const api_request *r, moe_error *err) 
 
 static void run_job(slot *s, job *j) {
     api_error e;
-    int why = atomic_load(&j->cancel);
-    if (why != JOB_GOING) {
+    if (atomic_load(&j->cancel) != JOB_GOING) {
         api_fail(&e, 503, "server_shutting_down", NULL, "the server is shutting down; the request was not run");
         job_fail(j, &e);
         return;

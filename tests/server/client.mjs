@@ -122,7 +122,9 @@ test("completion: shape and usage", async () => {
 });
 
 test("streamed chat: role, then deltas, then finish_reason and usage; same text as unstreamed", async () => {
-  const params = { model: MODEL, messages: hello, max_tokens: 24, temperature: 0 };
+  // A seed makes the slot start afresh, so both texts are computed the same
+  // way (not one of them partly from a cached prefix).
+  const params = { model: MODEL, messages: hello, max_tokens: 24, temperature: 0, seed: 5 };
   const whole = await client.chat.completions.create(params);
   const chunks = await collect(
     await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } }),
@@ -154,7 +156,7 @@ test("streamed chat: role, then deltas, then finish_reason and usage; same text 
 });
 
 test("streamed completion: same text as unstreamed", async () => {
-  const params = { model: MODEL, prompt: "Once upon a time", max_tokens: 20, temperature: 0 };
+  const params = { model: MODEL, prompt: "Once upon a time", max_tokens: 20, temperature: 0, seed: 5 };
   const whole = await client.completions.create(params);
   const chunks = await collect(await client.completions.create({ ...params, stream: true }));
   assert.equal(chunks.map((c) => c.choices[0].text).join(""), whole.choices[0].text);
