@@ -156,6 +156,11 @@ moe_status moe_session_sample(moe_session *session, int32_t *token, moe_error *e
 /* Forget the sequence: position 0, empty history, sampler reseeded. */
 void moe_session_reset(moe_session *session);
 
+/* Sample from now on with these settings: the sampler starts afresh (seeded
+ * with sampling->seed, empty penalty history); the cache is kept, so a new
+ * request can still reuse the prefix the session holds. */
+moe_status moe_session_set_sampling(moe_session *session, const moe_sampling *sampling, moe_error *err);
+
 /* Keep only the first n_keep positions (n_keep <= position): the cache
  * after them is dropped, so a new continuation can be fed. Logits are
  * unavailable until the next feed. This is how a conversation reuses the

@@ -127,6 +127,30 @@ static void test_sampling_is_reproducible(void) {
     CHECK(memcmp(a, c, sizeof a) != 0);
 }
 
+static void test_set_sampling_keeps_the_cache(void) {
+    int32_t fresh[8], reused[8];
+    sample_sequence(21, 1.0f, fresh, 8);
+    moe_session *s = new_session(64, 0.3f, 5);
+    moe_error err = {0};
+    int32_t token = 1;
+    CHECK(moe_session_feed(s, &token, 1, &err) == MOE_OK);
+    moe_sampling sampling = moe_session_default_params().sampling;
+    sampling.temperature = 1.0f;
+    sampling.seed = 21;
+    CHECK(moe_session_set_sampling(s, &sampling, &err) == MOE_OK);
+    CHECK(moe_session_position(s) == 1 && moe_session_logits(s) != NULL);
+    for (int i = 0; i < 8; i++) {
+        CHECK(moe_session_sample(s, &token, &err) == MOE_OK);
+        reused[i] = token;
+        CHECK(moe_session_feed(s, &token, 1, &err) == MOE_OK);
+    }
+    CHECK(memcmp(fresh, reused, sizeof fresh) == 0);
+    sampling.top_p = 2.0f;
+    CHECK(moe_session_set_sampling(s, &sampling, &err) == MOE_ERR_INVALID_ARG);
+    CHECK(moe_session_sample(s, &token, &err) == MOE_OK); /* the old sampler still works */
+    moe_session_free(s);
+}
+
 typedef struct collected {
     char text[4096];
     size_t len;
@@ -197,6 +221,7 @@ int main(void) {
     RUN(test_context_overflow_is_refused_whole);
     RUN(test_rewind_keeps_the_prefix);
     RUN(test_sampling_is_reproducible);
+    RUN(test_set_sampling_keeps_the_cache);
     RUN(test_generate);
     RUN(test_chat_format);
     moe_model_free(model);

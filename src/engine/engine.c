@@ -192,6 +192,17 @@ moe_status moe_session_sample(moe_session *s, int32_t *token, moe_error *err) {
     return sampler_accept(&s->sampler, id);
 }
 
+moe_status moe_session_set_sampling(moe_session *s, const moe_sampling *sampling, moe_error *err) {
+    sampler fresh;
+    sampler_params p = to_sampler_params(sampling);
+    moe_status st = sampler_init(&fresh, &p, s->model->weights->config.n_vocab, err);
+    if (st != MOE_OK) return st; /* the old sampler stays as it was */
+    sampler_free(&s->sampler);
+    s->sampler = fresh;
+    s->params.sampling = *sampling;
+    return MOE_OK;
+}
+
 void moe_session_reset(moe_session *s) {
     s->pos = 0;
     s->has_logits = false;

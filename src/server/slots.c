@@ -24,7 +24,6 @@ typedef struct slot {
     uint64_t last_used; /* when it was last given a job, in submissions (under the pool lock) */
     /* the worker's own */
     moe_session *session;
-    moe_sampling sampling; /* what session was made with */
 } slot;
 
 struct slot_pool {
@@ -43,16 +42,6 @@ struct slot_pool {
 
 /* ------------------------------------------------------------ sessions */
 
-static bool same_sampling(const moe_sampling *a, const moe_sampling *b) {
-    return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p && a->min_p == b->min_p &&
-           a->repetition_penalty == b->repetition_penalty && a->presence_penalty == b->presence_penalty &&
-           a->frequency_penalty == b->frequency_penalty && a->penalty_last_n == b->penalty_last_n && a->seed == b->seed;
-}
-
-static bool has_penalties(const moe_sampling *s) {
-    return s->repetition_penalty != 1 || s->presence_penalty != 0 || s->frequency_penalty != 0;
-}
-
 /* splitmix64 over a counter: distinct, well-mixed seeds from any thread. */
 static uint64_t fresh_seed(slot_pool *p) {
     uint64_t z = atomic_fetch_add(&p->seeds, 0x9e3779b97f4a7c15ull) + 0x9e3779b97f4a7c15ull;
@@ -61,32 +50,17 @@ static uint64_t fresh_seed(slot_pool *p) {
     return z ^ (z >> 31);
 }
 
-static moe_status replace_session(slot *s, const moe_sampling *sampling, moe_error *err) {
-    moe_session_free(s->session);
-    s->session = NULL;
-    moe_session_params params = s->pool->params;
-    params.sampling = *sampling;
-    moe_status st = moe_session_new(s->pool->model, &params, &s->session, err);
-    if (st == MOE_OK) s->sampling = *sampling;
-    return st;
+static moe_status new_session(slot *s, moe_error *err) {
+    return moe_session_new(s->pool->model, &s->pool->params, &s->session, err);
 }
 
-/* The session a request runs in. moe.h fixes a session's sampling when it
- * is made, so: a request without a seed and without penalties keeps the
- * slot's session and the prefix it has cached (it needs only some random
- * stream, and has no history to clear); one with a seed gets the session
- * reset (reseeded, history cleared; the cache is lost) when the settings
- * match, and a new session otherwise; one with penalties but no seed gets
- * a new session with a fresh seed (a reset would replay the old seed). */
+/* The slot's session, set to the request's sampling: a fresh sampler (the
+ * request's seed, or a fresh one) over the cache the slot already holds, so
+ * every request can reuse the prefix it shares with the slot's last one. */
 static moe_session *slot_session(slot *s, const api_request *r, moe_error *err) {
     moe_sampling want = r->sampling;
-    if (!r->has_seed) want.seed = s->sampling.seed;
-    if (s->session && same_sampling(&s->sampling, &want)) {
-        if (r->has_seed) moe_session_reset(s->session);
-        if (r->has_seed || !has_penalties(&want)) return s->session;
-    }
     if (!r->has_seed) want.seed = fresh_seed(s->pool);
-    return replace_session(s, &want, err) == MOE_OK ? s->session : NULL;
+    return moe_session_set_sampling(s->session, &want, err) == MOE_OK ? s->session : NULL;
 }
 
 /* ------------------------------------------------------------ workers */
@@ -285,7 +259,7 @@ static moe_status start_slots(slot_pool *p, moe_error *err) {
     for (int i = 0; i < p->n_slots; i++) {
         slot *s = &p->slots[i];
         s->pool = p;
-        moe_status st = replace_session(s, &p->params.sampling, err);
+        moe_status st = new_session(s, err);
         if (st != MOE_OK) return st;
         p->params.n_ctx = moe_session_n_ctx(s->session);
     }
