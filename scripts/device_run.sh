@@ -87,6 +87,16 @@ MOE=$BUILD/moe
     fi
 } >>"$OUT/env.txt" 2>&1
 
+# ---------------------------------------------------------------- the reference at scale (issue 4), in the background
+# MOE_AT_SCALE=1: the 2-layer Qwen3-30B-A3B-wide checkpoint against
+# transformers (scripts/at_scale_check.sh), CPU side, beside the GPU tests.
+if [ "${MOE_AT_SCALE:-0}" = 1 ] && [ -x "$MOE" ]; then
+    log "at-scale check in the background"
+    (timeout 420 bash scripts/at_scale_check.sh "$MOE" /tmp/moe-at-scale >"$OUT/at_scale.log" 2>&1
+     echo "at_scale exit $?" >>"$OUT/at_scale.log") &
+    AT_SCALE_PID=$!
+fi
+
 # ---------------------------------------------------------------- model for the benchmark (in the background)
 PRESET=${MOE_PRESET:-qwen3-30b-a3b}
 MODEL=/tmp/$PRESET-q4_k.gguf
@@ -115,13 +125,20 @@ if [ -n "${SYNTH_PID:-}" ]; then
 fi
 
 if [ -f "$MODEL" ]; then
-    step bench 200 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 512 -n 128 -r 5 --device cuda
+    # MOE_QUICK=1: decode only, fewer repetitions, and no 30B forward test
+    if [ "${MOE_QUICK:-0}" = 1 ]; then
+        step bench 150 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 0 -n 128 -r 3 --device cuda
+    else
+        step bench 200 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 512 -n 128 -r 5 --device cuda
+    fi
     sed -n '/^| model/,$p' "$OUT/bench.log.tmp" >"$OUT/bench.md"
     grep -v "^| \|^$\|^Read\|^A decoded\|^GPU memory\|^Repetitions" "$OUT/bench.log.tmp" >>"$OUT/build.log" 2>/dev/null
     rm -f "$OUT/bench.log.tmp"
     remaining=$((480 - $(elapsed)))
+    [ "${MOE_QUICK:-0}" = 1 ] && remaining=0
     if [ "$remaining" -gt 60 ]; then
-        step forward30b "$remaining" "$OUT/forward30b.log" env MOE_TEST_MODEL="$MODEL" MOE_TEST_SKIP_SYNTH=1 "$BUILD/tests/test_cuda_forward"
+        # the CPU reference at its fastest kernels here (the synthetic cases use the portable ones)
+        step forward30b "$remaining" "$OUT/forward30b.log" env MOE_CPU_ISA=avx512 MOE_TEST_MODEL="$MODEL" MOE_TEST_SKIP_SYNTH=1 "$BUILD/tests/test_cuda_forward"
     else
         log "no time left for the 30B forward test"
         STATUS[forward30b]=skipped
@@ -129,13 +146,19 @@ if [ -f "$MODEL" ]; then
     if [ $((520 - $(elapsed))) -gt 30 ]; then
         step run_cuda 30 "$OUT/forward.log" "$MOE" run -m "$MODEL" --device cuda -p "Once upon a time" -n 32 --temp 0
     fi
-    if [ $((525 - $(elapsed))) -gt 20 ]; then
+    if [ "${MOE_QUICK:-0}" != 1 ] && [ $((525 - $(elapsed))) -gt 20 ]; then
         step bench_json $((525 - $(elapsed))) "$OUT/bench.json.tmp" "$MOE" bench -m "$MODEL" -p 0 -n 128 -r 3 --device cuda -o json
         sed -n '/^{/,$p' "$OUT/bench.json.tmp" >"$OUT/bench.json"
         rm -f "$OUT/bench.json.tmp"
     fi
 else
     log "no model file: bench and the 30B test skipped"
+fi
+
+if [ -n "${AT_SCALE_PID:-}" ]; then
+    log "waiting for the at-scale check"
+    wait "$AT_SCALE_PID"
+    STATUS[at_scale]=$(sed -n 's/^at_scale exit //p' "$OUT/at_scale.log")
 fi
 
 # ---------------------------------------------------------------- summary
@@ -146,13 +169,14 @@ fi
     echo
     echo "| step | exit | what |"
     echo "| --- | --- | --- |"
-    for s in configure build kernels forward engine bench forward30b run_cuda bench_json; do
+    for s in configure build kernels forward engine bench forward30b run_cuda bench_json at_scale; do
         echo "| $s | ${STATUS[$s]:-not run} | $(case $s in
             kernels) grep -E "passed|FAIL" "$OUT/kernels.log" 2>/dev/null | tail -1 ;;
             forward) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | head -1 ;;
             engine) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | tail -1 ;;
             forward30b) grep -E "worst rel L2|passed" "$OUT/forward30b.log" 2>/dev/null | tr '\n' ' ' | cut -c1-200 ;;
             run_cuda) grep -E "tok/s" "$OUT/forward.log" 2>/dev/null | tail -1 | cut -c1-200 ;;
+            at_scale) grep -E "^at scale" "$OUT/at_scale.log" 2>/dev/null | tr '\n' ' ' | cut -c1-240 ;;
         esac) |"
     done
     echo
