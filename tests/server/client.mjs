@@ -4,7 +4,7 @@
 //
 // Run by server_test.sh, which starts the server with a synthetic model:
 //   --parallel 2 --queue 4 --ctx-size 2048 --api-key test-key --timeout 5
-//   --max-body 65536 --drain-timeout 1 --alias tiny
+//   --max-body 65536 --drain-timeout 1 --alias demo (the shipped demo model)
 // and passes MOE_URL, MOE_SERVER_PID, MOE_BIN and MOE_MODEL_FILE. The last
 // test stops the server with SIGTERM while a stream is running.
 //
@@ -21,14 +21,16 @@ const { OpenAI, APIError, APIUserAbortError } = require("openai");
 
 const base = process.env.MOE_URL;
 const KEY = "test-key";
-const MODEL = "tiny";
+const MODEL = "demo";
 const CTX = 2048;
 const MAX_BODY = 65536;
 const TIMEOUT_S = 5;
 // A prompt the synthetic model continues greedily for a long time (no EOS
 // within 1500 tokens): generations that must still be running when the
 // test does something to them.
-const LONG = { prompt: "Once upon a time", temperature: 0, max_tokens: 1500 };
+// A generation that runs until it is stopped: the demo model at this
+// temperature does not end its text by itself within 1500 tokens.
+const LONG = { prompt: "Once upon a time", temperature: 2, top_k: 0, top_p: 1, min_p: 0, seed: 2, max_tokens: 1500 };
 
 const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: KEY, maxRetries: 0 });
 

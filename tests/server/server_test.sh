@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `moe serve` end to end: start it on a free port of 127.0.0.1 with a
-# synthetic model, run a node script against it, stop it with SIGTERM and
+# `moe serve` end to end: start it on a free port of 127.0.0.1 (the client
+# test with the shipped demo model, the load test with a tiny synthetic one
+# to bound its time), run a node script against it, stop it with SIGTERM and
 # check that it drained and exited 0 (under ASan: without leaks).
 #   client  OpenAI's official client (client.mjs; it sends the SIGTERM
 #           itself, mid-stream)
@@ -21,11 +22,15 @@ command -v node >/dev/null || missing "node is not installed"
   || missing "the openai package is not installed (npm ci --prefix tests/oracle)"
 
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir" || exit 1
-"$moe" synth -q --preset tiny --arch qwen3moe --type q8_0 model.gguf || exit 1
+if [ "$mode" = client ]; then
+  cp "$here/../../models/moe-demo-q8_0.gguf" model.gguf || exit 1
+else
+  "$moe" synth -q --preset tiny --arch qwen3moe --type q8_0 model.gguf || exit 1
+fi
 
 case $mode in
   client) args=(--parallel 2 --queue 4 --ctx-size 2048 --api-key test-key --timeout 5 --max-body 65536
-                --drain-timeout 1 --alias tiny) ;;
+                --drain-timeout 1 --alias demo) ;;
   load) args=(--parallel 4 --queue 64 --ctx-size 512 --alias tiny --log-format json) ;;
   *) echo "usage: server_test.sh client|load MOE SCRATCH_DIR"; exit 2 ;;
 esac
