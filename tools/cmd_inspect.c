@@ -96,6 +96,14 @@ static void read_shape(const gguf_file *f, model_shape *s) {
     count_weights(f, s);
 }
 
+/* 30.5 B, 22.2 M, 512 K: parameters at a readable scale. */
+static const char *count_text(double n, char *buf, size_t size) {
+    if (n >= 1e9) snprintf(buf, size, "%.3f B", n / 1e9);
+    else if (n >= 1e6) snprintf(buf, size, "%.2f M", n / 1e6);
+    else snprintf(buf, size, "%.1f K", n / 1e3);
+    return buf;
+}
+
 static void print_summary(const model_shape *s) {
     if (!s->arch[0]) {
         printf("No general.architecture key: not a model file, or one written without it.\n");
@@ -108,9 +116,11 @@ static void print_summary(const model_shape *s) {
                s->n_experts_used, s->n_ff_expert ? s->n_ff_expert : s->n_ff);
     else if (s->n_ff)
         printf(", a dense FFN of width %u", s->n_ff);
-    printf(", context %u, vocabulary %" PRIu64 ". %.3f B parameters (%.3f B active per token), "
+    char total[32], active[32];
+    printf(", context %u, vocabulary %" PRIu64 ". %s parameters (%s active per token), "
            "%.3f GB of weights; a decoded token reads %.3f GB of them.\n",
-           s->n_ctx, s->vocab, s->params / 1e9, s->active_params / 1e9, s->bytes / 1e9, s->bytes_per_token / 1e9);
+           s->n_ctx, s->vocab, count_text((double)s->params, total, sizeof total),
+           count_text((double)s->active_params, active, sizeof active), s->bytes / 1e9, s->bytes_per_token / 1e9);
 }
 
 /* ------------------------------------------------------------ text output */
