@@ -10,7 +10,8 @@
 #
 # $OUT gets (8 files at most come back):
 #   results.md   the summary (also printed last)
-#   bench.md     moe bench, llama-bench style, beside the measured read bandwidth
+#   bench.md     moe bench, llama-bench style, beside the measured read bandwidth,
+#                and the decode step timed stage by stage (--profile=512)
 #   bench.json   the same as JSON
 #   build.log    configure + build, with ptxas' registers/spills per kernel
 #   kernels.log  tests/test_cuda_kernels (every GEMV type, experts by id)
@@ -127,9 +128,9 @@ fi
 if [ -f "$MODEL" ]; then
     # MOE_QUICK=1: decode only, fewer repetitions, and no 30B forward test
     if [ "${MOE_QUICK:-0}" = 1 ]; then
-        step bench 150 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 0 -n 128 -r 3 --device cuda
+        step bench 150 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 0 -n 128 -r 3 --device cuda --profile=512
     else
-        step bench 200 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 512 -n 128 -r 5 --device cuda
+        step bench 200 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 512 -n 128 -r 5 --device cuda --profile=512
     fi
     sed -n '/^| model/,$p' "$OUT/bench.log.tmp" >"$OUT/bench.md"
     grep -v "^| \|^$\|^Read\|^A decoded\|^GPU memory\|^Repetitions" "$OUT/bench.log.tmp" >>"$OUT/build.log" 2>/dev/null

@@ -38,6 +38,7 @@ typedef struct bench_args {
     bool json;
     moe_device device;
     double bw_gib;
+    int profile_pos, profile_reps; /* --profile: stage table at this position; 0 reps: off */
 } bench_args;
 
 typedef struct stat3 {
@@ -139,7 +140,38 @@ typedef struct report {
     row rows[8];
     int n_rows;
     char note[256];
+#ifdef MOE_HAVE_CUDA
+    cuda_stage_profile prof;
+    bool have_prof;
+#endif
 } report;
+
+#ifdef MOE_HAVE_CUDA
+/* Where a decode step's time goes: per stage, summed over the layers. */
+static void print_profile(const report *r) {
+    const cuda_stage_profile *p = &r->prof;
+    double bytes = 0;
+    for (int k = 0; k < p->n_stages; k++) bytes += p->bytes[k];
+    printf("\n### decode step by stage (no graph, an event after every stage; position %d, median of %d)\n\n", p->pos,
+           p->reps);
+    printf("| stage | launches | us/token | share | MB read | GB/s | of read BW | us/launch |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for (int k = 0; k < p->n_stages; k++) {
+        if (!p->launches[k]) continue;
+        double gbps = p->us[k] > 0 ? p->bytes[k] / (p->us[k] * 1e-6) / 1e9 : 0;
+        printf("| %s | %d | %.1f | %.1f%% | %.2f | %.0f | %.1f%% | %.2f |\n", p->names[k], p->launches[k], p->us[k],
+               100.0 * p->us[k] / p->total_us, p->bytes[k] / 1e6, gbps,
+               r->ceiling_gbps > 0 ? 100.0 * gbps / r->ceiling_gbps : 0.0, p->us[k] / p->launches[k]);
+    }
+    double gbps = bytes / (p->total_us * 1e-6) / 1e9;
+    printf("| **step** | | %.1f | 100%% | %.2f | %.0f | %.1f%% | |\n", p->total_us, bytes / 1e6, gbps,
+           r->ceiling_gbps > 0 ? 100.0 * gbps / r->ceiling_gbps : 0.0);
+    double ideal = r->ceiling_gbps > 0 ? bytes / (r->ceiling_gbps * 1e9) * 1e6 : 0;
+    printf("\nAt the measured read bandwidth the step's bytes take %.1f us; stages' times include the launch gap "
+           "before each (no graph, no PDL).\n",
+           ideal);
+}
+#endif
 
 static void print_markdown(const report *r, const bench_args *a) {
     printf("| model | size | params | backend | test | t/s | spread | ms/token | GB/token | GB/s | of read BW |\n");
@@ -281,6 +313,17 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
         free(out);
         cuda_state_free(s);
     }
+    if (status == 0 && a->profile_reps > 0) { /* the stage profile at a filled cache */
+        cuda_options o = {false, false};
+        cuda_state *s = NULL;
+        if (cuda_state_new(g, a->profile_pos + 8, &o, &s, &err) != MOE_OK ||
+            (a->profile_pos > 0 && cuda_decode_greedy(s, prompt[0], 0, a->profile_pos, NULL, NULL, &err) != MOE_OK) ||
+            cuda_profile_step(s, prompt[0], a->profile_pos, a->profile_reps, &r->prof, &err) != MOE_OK)
+            status = cli_fail("bench", &err);
+        else
+            r->have_prof = true;
+        cuda_state_free(s);
+    }
     cuda_model_free(g);
     return status;
 }
@@ -349,16 +392,22 @@ static void print_help(void) {
            "  -o, --output F     md (default) or json\n"
            "  --device D         auto (default), cpu or cuda\n"
            "  --threads N        CPU threads (default: all)\n"
-           "  --bw-gib G         size of the read-bandwidth probe buffer (default 8)\n");
+           "  --bw-gib G         size of the read-bandwidth probe buffer (default 8)\n"
+           "  --profile[=POS]    (GPU) also time each stage of a decode step at position POS\n"
+           "                     (default 512): launch by launch, an event between stages\n"
+           "  --profile-reps R   repetitions of the profiled step (default 50)\n");
 }
 
 int cmd_bench(int argc, char **argv) {
-    bench_args a = {.p = 512, .n = 128, .reps = 5, .device = MOE_DEVICE_AUTO, .bw_gib = 8.0};
+    bench_args a = {.p = 512, .n = 128, .reps = 5, .device = MOE_DEVICE_AUTO, .bw_gib = 8.0, .profile_pos = 512};
+    int profile_reps = 50;
+    bool profile = false;
     static const struct option options[] = {
         {"model", required_argument, NULL, 'm'}, {"prompt", required_argument, NULL, 'p'},
         {"gen", required_argument, NULL, 'n'},   {"reps", required_argument, NULL, 'r'},
         {"output", required_argument, NULL, 'o'}, {"device", required_argument, NULL, 'D'},
         {"threads", required_argument, NULL, 't'}, {"bw-gib", required_argument, NULL, 'B'},
+        {"profile", optional_argument, NULL, 'P'}, {"profile-reps", required_argument, NULL, 'R'},
         {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
     };
     a.path = getenv("MOE_MODEL");
@@ -400,10 +449,22 @@ int cmd_bench(int argc, char **argv) {
             if (*end || !(a.bw_gib >= 0.0625 && a.bw_gib <= 64)) return cli_usage_error("bench", "--bw-gib wants 0.0625..64");
             break;
         }
+        case 'P':
+            profile = true;
+            if (optarg) {
+                if (!cli_parse_int(optarg, 0, 1 << 20, &v)) return cli_usage_error("bench", "bad --profile '%s'", optarg);
+                a.profile_pos = (int)v;
+            }
+            break;
+        case 'R':
+            if (!cli_parse_int(optarg, 1, 1000, &v)) return cli_usage_error("bench", "--profile-reps wants 1..1000");
+            profile_reps = (int)v;
+            break;
         case 'h': print_help(); return 0;
         default: return cli_usage_error("bench", "unknown option");
         }
     }
+    if (profile) a.profile_reps = profile_reps;
     if (!a.path) return cli_usage_error("bench", "no model: pass -m FILE");
     if (a.p == 0 && a.n == 0) return cli_usage_error("bench", "nothing to measure: -p and -n are both 0");
     moe_error err = {0};
@@ -433,6 +494,9 @@ int cmd_bench(int argc, char **argv) {
     if (status == 0) {
         if (a.json) print_json(r, &a);
         else print_markdown(r, &a);
+#ifdef MOE_HAVE_CUDA
+        if (!a.json && r->have_prof) print_profile(r);
+#endif
     }
     free(prompt);
     free(r);

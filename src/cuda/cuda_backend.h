@@ -77,6 +77,26 @@ moe_status cuda_decode_greedy(cuda_state *s, int32_t token, int pos, int n, int3
  * milestone), timed with CUDA events; no logits come back. */
 moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float *ms, moe_error *err);
 
+/* Stage profile of one decode step (moe bench --profile): the step is
+ * launched kernel by kernel (no graph, no PDL overlap) with a CUDA event
+ * after every stage, `reps` times (after a warm-up) at position `pos`
+ * (which rewrites that position's cache entry; earlier positions should
+ * have been filled). Per stage, summed over the layers: the median
+ * microseconds, the weight (and KV cache) bytes it reads, its launches. */
+enum {
+    CUDA_STAGE_EMBED, CUDA_STAGE_QKV, CUDA_STAGE_ATTENTION, CUDA_STAGE_O, CUDA_STAGE_ROUTER, CUDA_STAGE_UP,
+    CUDA_STAGE_SH_UP, CUDA_STAGE_DOWN, CUDA_STAGE_SH_DOWN, CUDA_STAGE_HEAD, CUDA_STAGE_COUNT
+};
+typedef struct cuda_stage_profile {
+    const char *names[CUDA_STAGE_COUNT];
+    double us[CUDA_STAGE_COUNT];    /* median over reps, per token */
+    double bytes[CUDA_STAGE_COUNT]; /* per token */
+    int launches[CUDA_STAGE_COUNT]; /* per token */
+    double total_us;                /* first event to last: the whole step */
+    int n_stages, pos, reps;
+} cuda_stage_profile;
+moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cuda_stage_profile *out, moe_error *err);
+
 /* Read bandwidth of this GPU: a kernel folds a buffer of `bytes` (made of
  * non-zero data) with 16-byte loads; GB/s of each of `runs` timed runs
  * after two warm-ups go to gbps[0..runs). */

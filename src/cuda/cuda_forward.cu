@@ -63,7 +63,31 @@ struct cuda_state {
     cudaGraphExec_t graph;
     bool graph_ready;
     cudaEvent_t ev[2];
+    /* stage profile (cuda_profile_step): an event after every stage */
+    cudaEvent_t *prof_ev;
+    int *prof_stage;
+    double *prof_bytes;
+    int prof_n, prof_cap, prof_pos;
+    bool prof_on;
 };
+
+/* ---------------------------------------------------------------- stage profile */
+
+static const char *const stage_names[CUDA_STAGE_COUNT] = {
+    "embedding",          "attn norm + q/k/v",    "qk-norm/rope/kv/attention", "o + residual",
+    "ffn norm + router",  "experts gate/up (+sh)", "shared gate/up",            "experts down (+sh)",
+    "shared down",        "final norm + head + argmax"};
+
+static double dmat_bytes(const dmat *m) { return (double)m->rows * (double)(m->row_stride + m->meta_row_stride); }
+
+/* Profiling only: an event after the launches of `stage`, which read `bytes`. */
+static void mark(cuda_state *s, int stage, double bytes) {
+    if (!s->prof_on || s->prof_n >= s->prof_cap) return;
+    cudaEventRecord(s->prof_ev[s->prof_n], s->stream);
+    s->prof_stage[s->prof_n] = stage;
+    s->prof_bytes[s->prof_n] = bytes;
+    s->prof_n++;
+}
 
 __global__ void set_step_kernel(int *step, int token, int pos) {
     pdl_wait();
@@ -136,6 +160,7 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
 static void embed(cuda_state *s) {
     const dmat *e = &s->g->token_embd;
     cuda_format_of(e->type)->embed(e, s->step, s->x, s->stream, s->opt.pdl);
+    mark(s, CUDA_STAGE_EMBED, (double)e->row_stride + e->meta_row_stride);
 }
 
 static void attention_block(cuda_state *s, int l) {
@@ -146,6 +171,7 @@ static void attention_block(cuda_state *s, int l) {
                        {&w->wk, s->qkv + s->q_dim, w->bk},
                        {&w->wv, s->qkv + s->q_dim + s->kv_dim, w->bv}};
     gemv(s, in, qkv, 3, false, EPI_NONE);
+    mark(s, CUDA_STAGE_QKV, dmat_bytes(&w->wq) + dmat_bytes(&w->wk) + dmat_bytes(&w->wv));
 
     attn_args a;
     memset(&a, 0, sizeof a);
@@ -171,10 +197,12 @@ static void attention_block(cuda_state *s, int l) {
     a.chunk = s->attn_chunk;
     a.n_splits = s->attn_splits;
     cuda_attention(&a, s->attn_smem, s->stream, s->opt.pdl);
+    mark(s, CUDA_STAGE_ATTENTION, 2.0 * (s->prof_pos + 1) * s->kv_dim * sizeof(float));
 
     act_in att = {s->att, NULL, 0.0f, s->q_dim};
     gemv_out o = {&w->wo, s->x, NULL};
     gemv(s, att, &o, 1, true, EPI_NONE);
+    mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo));
 }
 
 /* h = silu(gate x) * (up x) for `n_routed` slots of a slab (ids NULL: the
@@ -239,19 +267,31 @@ static void ffn_block(cuda_state *s, int l) {
     act_in in = {s->x, w->ffn_norm, c->rms_eps, c->n_embd};
     if (c->n_experts == 0) {
         ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, NULL, w, false);
+        mark(s, CUDA_STAGE_UP, dmat_bytes(&w->ffn_gate) + dmat_bytes(&w->ffn_up));
         ffn_down(s, &w->ffn_down, 1, NULL, NULL, w, false);
+        mark(s, CUDA_STAGE_DOWN, dmat_bytes(&w->ffn_down));
         return;
     }
     gemv_out r = {&w->router, s->router, NULL};
     gemv(s, in, &r, 1, false, EPI_ROUTER);
+    mark(s, CUDA_STAGE_ROUTER, dmat_bytes(&w->router));
     const int k = c->n_experts_used;
     const bool sh = w->has_shared;
+    const double sh_up = sh ? dmat_bytes(&w->sh_gate) + dmat_bytes(&w->sh_up) : 0, sh_down = sh ? dmat_bytes(&w->sh_down) : 0;
     const bool up_together = sh && w->sh_gate.type == w->exp_gate.type;
     ffn_up(s, in, &w->exp_gate, &w->exp_up, k, s->route_ids, w, up_together);
-    if (sh && !up_together) ffn_up(s, in, NULL, NULL, 0, NULL, w, true);
+    mark(s, CUDA_STAGE_UP, k * (dmat_bytes(&w->exp_gate) + dmat_bytes(&w->exp_up)) + (up_together ? sh_up : 0));
+    if (sh && !up_together) {
+        ffn_up(s, in, NULL, NULL, 0, NULL, w, true);
+        mark(s, CUDA_STAGE_SH_UP, sh_up);
+    }
     const bool down_together = sh && w->sh_down.type == w->exp_down.type;
     ffn_down(s, &w->exp_down, k, s->route_ids, s->route_w, w, down_together);
-    if (sh && !down_together) ffn_down(s, NULL, 0, NULL, NULL, w, true);
+    mark(s, CUDA_STAGE_DOWN, k * dmat_bytes(&w->exp_down) + (down_together ? sh_down : 0));
+    if (sh && !down_together) {
+        ffn_down(s, NULL, 0, NULL, NULL, w, true);
+        mark(s, CUDA_STAGE_SH_DOWN, sh_down);
+    }
 }
 
 static void head(cuda_state *s) {
@@ -259,6 +299,7 @@ static void head(cuda_state *s) {
     act_in in = {s->x, s->g->output_norm, c->rms_eps, c->n_embd};
     gemv_out o = {&s->g->output, s->logits, NULL};
     gemv(s, in, &o, 1, false, EPI_ARGMAX);
+    mark(s, CUDA_STAGE_HEAD, dmat_bytes(&s->g->output));
 }
 
 /* One decoded token: the whole model, top to bottom. */
@@ -346,6 +387,74 @@ moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float
     CUDA_CHECK(cudaEventRecord(s->ev[1], s->stream));
     CUDA_CHECK(cudaEventSynchronize(s->ev[1]));
     if (st == MOE_OK && ms) CUDA_CHECK(cudaEventElapsedTime(ms, s->ev[0], s->ev[1]));
+    return st;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cuda_stage_profile *out, moe_error *err) {
+    memset(out, 0, sizeof *out);
+    if (reps <= 0 || pos < 0 || pos >= s->n_ctx)
+        return moe_error_set(err, MOE_ERR_RANGE, "profiling position %d of a context of %d", pos, s->n_ctx);
+    if (!s->prof_ev) {
+        s->prof_cap = 4 + 8 * s->m->config.n_layers;
+        s->prof_ev = (cudaEvent_t *)calloc((size_t)s->prof_cap, sizeof *s->prof_ev);
+        s->prof_stage = (int *)calloc((size_t)s->prof_cap, sizeof *s->prof_stage);
+        s->prof_bytes = (double *)calloc((size_t)s->prof_cap, sizeof *s->prof_bytes);
+        if (!s->prof_ev || !s->prof_stage || !s->prof_bytes) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+        for (int i = 0; i < s->prof_cap; i++) CUDA_CHECK(cudaEventCreate(&s->prof_ev[i]));
+    }
+    float *per = (float *)calloc((size_t)reps * (CUDA_STAGE_COUNT + 1), sizeof(float));
+    if (!per) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    moe_status st = MOE_OK;
+    s->prof_pos = pos;
+    for (int r = -1; r < reps && st == MOE_OK; r++) { /* r = -1: warm-up */
+        if ((st = set_step(s, token, pos, err)) != MOE_OK) break;
+        s->prof_on = true;
+        s->prof_n = 0;
+        mark(s, -1, 0);
+        enqueue_step(s); /* launch by launch, no graph */
+        s->prof_on = false;
+        cudaError_t e = cudaGetLastError();
+        if (e == cudaSuccess) e = cudaEventSynchronize(s->prof_ev[s->prof_n - 1]);
+        if (e != cudaSuccess) {
+            st = moe_error_set(err, MOE_ERR_IO, "profiled step failed: %s", cudaGetErrorName(e));
+            break;
+        }
+        if (r < 0) continue;
+        float *row = per + (size_t)r * (CUDA_STAGE_COUNT + 1);
+        for (int i = 1; i < s->prof_n; i++) {
+            float ms = 0;
+            if (cudaEventElapsedTime(&ms, s->prof_ev[i - 1], s->prof_ev[i]) != cudaSuccess) ms = 0;
+            row[s->prof_stage[i]] += ms * 1e3f;
+            if (r == 0) {
+                out->bytes[s->prof_stage[i]] += s->prof_bytes[i];
+                out->launches[s->prof_stage[i]]++;
+            }
+        }
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, s->prof_ev[0], s->prof_ev[s->prof_n - 1]) != cudaSuccess) ms = 0;
+        row[CUDA_STAGE_COUNT] = ms * 1e3f;
+    }
+    if (st == MOE_OK) {
+        float *col = (float *)malloc((size_t)reps * sizeof(float));
+        for (int k = 0; k <= CUDA_STAGE_COUNT && col; k++) {
+            for (int r = 0; r < reps; r++) col[r] = per[(size_t)r * (CUDA_STAGE_COUNT + 1) + k];
+            qsort(col, (size_t)reps, sizeof(float), cmp_float);
+            double med = reps % 2 ? col[reps / 2] : 0.5 * (col[reps / 2 - 1] + col[reps / 2]);
+            if (k < CUDA_STAGE_COUNT) out->us[k] = med;
+            else out->total_us = med;
+        }
+        free(col);
+        for (int k = 0; k < CUDA_STAGE_COUNT; k++) out->names[k] = stage_names[k];
+        out->n_stages = CUDA_STAGE_COUNT;
+        out->pos = pos;
+        out->reps = reps;
+    }
+    free(per);
     return st;
 }
 
@@ -482,6 +591,11 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
 void cuda_state_free(cuda_state *s) {
     if (!s) return;
     if (s->graph_ready) cudaGraphExecDestroy(s->graph);
+    for (int i = 0; s->prof_ev && i < s->prof_cap; i++)
+        if (s->prof_ev[i]) cudaEventDestroy(s->prof_ev[i]);
+    free(s->prof_ev);
+    free(s->prof_stage);
+    free(s->prof_bytes);
     if (s->ev[0]) cudaEventDestroy(s->ev[0]);
     if (s->ev[1]) cudaEventDestroy(s->ev[1]);
     if (s->stream) cudaStreamDestroy(s->stream);
