@@ -22,6 +22,7 @@ typedef struct st_file {
     uint64_t size;
     dev_t dev;
     ino_t ino;
+    bool mapped; /* false for a caller's buffer (safetensors_open_memory) */
 } st_file;
 
 struct st_checkpoint {
@@ -45,15 +46,19 @@ static const struct {
 
 /* ------------------------------------------------------------ files */
 
+static moe_status check_length(const char *path, uint64_t size, moe_error *err) {
+    if (size < 8)
+        return moe_error_set(err, MOE_ERR_FORMAT,
+                             "%s is truncated: %llu bytes, but a safetensors file starts with "
+                             "an 8-byte header length",
+                             path, (unsigned long long)size);
+    return MOE_OK;
+}
+
 static moe_status check_size(const char *path, int fd, struct stat *s, moe_error *err) {
     if (fstat(fd, s) != 0) return moe_error_set(err, MOE_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
     if (!S_ISREG(s->st_mode)) return moe_error_set(err, MOE_ERR_IO, "%s is not a regular file", path);
-    if (s->st_size < 8)
-        return moe_error_set(err, MOE_ERR_FORMAT,
-                             "%s is truncated: %lld bytes, but a safetensors file starts with "
-                             "an 8-byte header length",
-                             path, (long long)s->st_size);
-    return MOE_OK;
+    return check_length(path, (uint64_t)s->st_size, err);
 }
 
 static moe_status map_file(const char *path, st_file *f, moe_error *err) {
@@ -68,7 +73,8 @@ static moe_status map_file(const char *path, st_file *f, moe_error *err) {
         if (p == MAP_FAILED)
             st = moe_error_set(err, MOE_ERR_IO, "cannot map %s: %s", path, strerror(errno));
         else
-            *f = (st_file){.path = name, .base = p, .size = (uint64_t)s.st_size, .dev = s.st_dev, .ino = s.st_ino};
+            *f = (st_file){
+                .path = name, .base = p, .size = (uint64_t)s.st_size, .dev = s.st_dev, .ino = s.st_ino, .mapped = true};
     }
     if (fd >= 0) close(fd);
     if (st != MOE_OK) free(name);
@@ -249,7 +255,7 @@ void safetensors_close(st_checkpoint *c) {
         free(c->tensors[i].name);
     free(c->tensors);
     for (size_t i = 0; i < c->n_files; i++) {
-        munmap((void *)c->files[i].base, (size_t)c->files[i].size);
+        if (c->files[i].mapped) munmap((void *)c->files[i].base, (size_t)c->files[i].size);
         free(c->files[i].path);
     }
     free(c->files);
@@ -340,6 +346,32 @@ moe_status safetensors_open_dir(const char *dir, st_checkpoint **out, moe_error 
     }
     free(index);
     free(single);
+    if (st != MOE_OK) {
+        safetensors_close(c);
+        return st;
+    }
+    *out = c;
+    return MOE_OK;
+}
+
+moe_status safetensors_open_memory(const void *data, size_t size, const char *name, st_checkpoint **out,
+                                   moe_error *err) {
+    *out = NULL;
+    st_checkpoint *c = calloc(1, sizeof *c);
+    st_file *f = calloc(1, sizeof *f);
+    char *path = strdup(name);
+    if (!c || !f || !path) {
+        free(c);
+        free(f);
+        free(path);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    *f = (st_file){.path = path, .base = data, .size = size};
+    c->files = f;
+    c->n_files = 1;
+    moe_status st = check_length(name, size, err);
+    if (st == MOE_OK) st = parse_header(c, f, err);
+    if (st == MOE_OK) st = sort_tensors(c, err);
     if (st != MOE_OK) {
         safetensors_close(c);
         return st;

@@ -48,6 +48,12 @@ typedef struct st_checkpoint st_checkpoint;
  * its shards when the index exists, else model.safetensors. */
 moe_status safetensors_open_dir(const char *dir, st_checkpoint **out, moe_error *err);
 
+/* One safetensors file already in memory (`size` bytes, kept alive by the
+ * caller until safetensors_close), validated as a file on disk would be;
+ * `name` stands for the file in messages. For the fuzzer and tests. */
+moe_status safetensors_open_memory(const void *data, size_t size, const char *name, st_checkpoint **out,
+                                   moe_error *err);
+
 void safetensors_close(st_checkpoint *c);
 
 /* NULL when absent. O(log n). */
