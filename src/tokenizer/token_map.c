@@ -30,7 +30,11 @@ static uint64_t hash_pair(uint64_t key) {
     return key ^ (key >> 29);
 }
 
+/* A power of two at least twice n (a half-full table keeps probes short);
+ * 0 when that does not fit 32 bits (over 2^30 entries), which callers
+ * refuse rather than loop doubling a wrapped capacity. */
 static uint32_t capacity_for(size_t n) {
+    if (n > (size_t)1 << 30) return 0;
     uint32_t cap = 16;
     while (cap < 2 * n) cap *= 2;
     return cap;
@@ -38,7 +42,7 @@ static uint32_t capacity_for(size_t n) {
 
 bool token_map_build(token_map *m, const string_table *texts) {
     uint32_t cap = capacity_for(texts->n);
-    m->slots = malloc((size_t)cap * sizeof *m->slots);
+    m->slots = cap ? malloc((size_t)cap * sizeof *m->slots) : NULL;
     if (!m->slots) return false;
     memset(m->slots, 0xFF, (size_t)cap * sizeof *m->slots); /* all -1 */
     m->mask = cap - 1;
@@ -65,7 +69,7 @@ int32_t token_map_find(const token_map *m, const string_table *texts, const char
 
 bool merge_map_init(merge_map *m, size_t n) {
     uint32_t cap = capacity_for(n);
-    m->slots = malloc((size_t)cap * sizeof *m->slots);
+    m->slots = cap ? malloc((size_t)cap * sizeof *m->slots) : NULL;
     if (!m->slots) return false;
     for (uint32_t i = 0; i < cap; i++) m->slots[i].key = MERGE_EMPTY;
     m->mask = cap - 1;
