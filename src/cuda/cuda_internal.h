@@ -12,6 +12,7 @@
 #include "cuda/cuda_compat.cuh"
 
 extern "C" {
+#include "cuda/cuda_backend.h"
 #include "model/model.h"
 }
 
@@ -212,6 +213,48 @@ inline int pick_lanes(int units, int n) {
     while (lanes < per && lanes < 32) lanes <<= 1;
     return lanes;
 }
+
+/* ---------------------------------------------------------------- a sequence (cuda_forward.cu) */
+
+/* A sequence's device state: KV cache, activations, the captured step. */
+struct cuda_state {
+    cuda_model *g;
+    const model *m;
+    int n_ctx;
+    cuda_options opt;
+    cudaStream_t stream;
+    uint8_t *mem;
+    size_t bytes;
+    float *k_cache, *v_cache; /* (n_layers, n_ctx, kv_dim) */
+    float *x;                 /* (n_embd) residual stream */
+    float *qkv;               /* (q_dim + 2 kv_dim) */
+    float *att;               /* (q_dim) */
+    float *router;            /* (n_experts) logits */
+    float *route_w;           /* (k) */
+    int *route_ids;           /* (k) */
+    float *shgate;            /* (1) */
+    float *h;                 /* (k n_ff_expert + n_ff_shared) or (n_ff) */
+    float *logits;            /* (n_vocab) */
+    float *attn_part;         /* (n_kv, splits, G, hd + 2) */
+    float *part_val;          /* (max grid) argmax partials */
+    int *part_idx;
+    int *step;                /* [0] token, [1] position */
+    int *history;             /* (n_ctx + 1) argmax after each position */
+    unsigned *counters;       /* [0] router, [1] argmax, [2..] attention per KV head */
+    int q_dim, kv_dim, n_ff_routed, h_len;
+    int attn_chunk, attn_splits;
+    size_t attn_smem;
+    int max_grid;
+    cudaGraphExec_t graph;
+    bool graph_ready;
+    cudaEvent_t ev[2];
+    /* stage profile (cuda_profile_step): an event after every stage */
+    cudaEvent_t *prof_ev;
+    int *prof_stage;
+    double *prof_bytes;
+    int prof_n, prof_cap, prof_pos;
+    bool prof_on;
+};
 
 /* Attention (attention.cu). */
 void cuda_attention(const attn_args *a, size_t smem, cudaStream_t st, bool pdl);
