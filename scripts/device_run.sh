@@ -19,6 +19,7 @@
 #                architecture) and the engine test, moe run --device cuda
 #   forward30b.log  the 30B-A3B q4_k file: GPU vs CPU over 64 positions
 #   env.txt      nvidia-smi, nvcc, SASS facts (16-byte loads, local memory)
+#   ncu.log      (MOE_NCU=1) Nsight Compute metrics of one decode step's kernels
 set -u
 OUT=${OUT:-/tmp/moe-device-out}
 mkdir -p "$OUT"
@@ -135,6 +136,14 @@ if [ -f "$MODEL" ]; then
     sed -n '/^| model/,$p' "$OUT/bench.log.tmp" >"$OUT/bench.md"
     grep -v "^| \|^$\|^Read\|^A decoded\|^GPU memory\|^Repetitions" "$OUT/bench.log.tmp" >>"$OUT/build.log" 2>/dev/null
     rm -f "$OUT/bench.log.tmp"
+    # MOE_NCU=1: Nsight Compute on one decode step's kernels (durations in
+    # isolation, DRAM bytes, occupancy): the kernels of layers 1-2 at position ~64
+    if [ "${MOE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+        step ncu 150 "$OUT/ncu.log" env MOE_CUDA_GRAPH=0 ncu --clock-control none --csv \
+            -k "regex:gemv|ffn|attention|embed" --launch-skip 400 --launch-count 16 \
+            --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+            "$MOE" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda
+    fi
     remaining=$((480 - $(elapsed)))
     [ "${MOE_QUICK:-0}" = 1 ] && remaining=0
     if [ "$remaining" -gt 60 ]; then

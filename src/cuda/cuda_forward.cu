@@ -141,9 +141,7 @@ static void attention_block(cuda_state *s, int l) {
     a.k_norm = w->k_norm;
     a.qk_norm = c->arch->qk_norm;
     a.eps = c->rms_eps;
-    a.rope_freqs = s->g->rope_freqs;
-    a.rope_base = c->rope_base;
-    a.freq_scale = c->rope_freq_scale;
+    a.rope = s->rope;
     a.n_rot = c->n_rot;
     a.neox = c->arch->rope == ROPE_NEOX;
     a.k_cache = s->k_cache + (size_t)l * s->n_ctx * s->kv_dim;
@@ -155,7 +153,6 @@ static void attention_block(cuda_state *s, int l) {
     a.n_heads = c->n_heads;
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
-    a.chunk = s->attn_chunk;
     a.n_splits = s->attn_splits;
     cuda_attention(&a, s->attn_smem, s->stream, s->opt.pdl);
     mark(s, CUDA_STAGE_ATTENTION, 2.0 * (s->prof_pos + 1) * s->kv_dim * sizeof(float));
@@ -462,6 +459,7 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->step = (int *)carve(base, used, 2 * sizeof(int));
     s->history = (int *)carve(base, used, (size_t)(s->n_ctx + 1) * sizeof(int));
     s->counters = (unsigned *)carve(base, used, (size_t)(2 + c->n_kv_heads) * sizeof(unsigned));
+    s->rope = (float *)carve(base, used, (size_t)s->n_ctx * c->n_rot * sizeof(float));
 }
 
 /* The largest dynamic shared memory any launch of this model asks for. */
@@ -474,6 +472,18 @@ static size_t max_smem(const cuda_state *s) {
         if (b > most) most = b;
     }
     return most;
+}
+
+static moe_status upload_rope_table(cuda_state *s, moe_error *err) {
+    const model_config *c = &s->m->config;
+    const size_t n = (size_t)s->n_ctx * c->n_rot;
+    float *table = (float *)malloc(n * sizeof(float));
+    if (!table) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory for the RoPE table (%zu floats)", n);
+    cuda_rope_table(c, s->m->rope_freqs.data, s->n_ctx, table);
+    cudaError_t e = cudaMemcpy(s->rope, table, n * sizeof(float), cudaMemcpyHostToDevice);
+    free(table);
+    CUDA_CHECK(e);
+    return MOE_OK;
 }
 
 moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cuda_state **out, moe_error *err) {
@@ -496,9 +506,17 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         s->n_ff_routed = c->n_ff;
         s->h_len = c->n_ff;
     }
-    s->attn_chunk = 32; /* see attention.cu */
-    s->attn_splits = (n_ctx + s->attn_chunk - 1) / s->attn_chunk;
-    s->attn_smem = cuda_attention_smem(c->n_heads / c->n_kv_heads, c->head_dim, s->attn_chunk, c->n_rot);
+    /* attention splits: about two blocks per multiprocessor at long contexts (attention.cu) */
+    const int G = c->n_heads / c->n_kv_heads;
+    s->attn_splits = 2 * g->n_sm / c->n_kv_heads;
+    if (s->attn_splits > 64) s->attn_splits = 64;
+    if (s->attn_splits < 1) s->attn_splits = 1;
+    if (!cuda_attention_supported(G, c->head_dim, s->attn_splits)) {
+        free(s);
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the GPU attention has no kernel for %d query heads per KV head of %d dimensions",
+                             G, c->head_dim);
+    }
+    s->attn_smem = cuda_attention_smem(G, c->head_dim, s->attn_splits);
     s->max_grid = g->n_sm * 32;
 
     size_t need = 0, free_b = 0, total_b = 0;
@@ -544,6 +562,10 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         (void)cudaGetLastError();
         cuda_state_free(s);
         return moe_error_set(err, MOE_ERR_IO, "cannot clear the GPU state: %s", cudaGetErrorName(e));
+    }
+    if ((st = upload_rope_table(s, err)) != MOE_OK) {
+        cuda_state_free(s);
+        return st;
     }
     *out = s;
     return MOE_OK;

@@ -104,15 +104,14 @@ struct attn_args {
     const float *q_norm, *k_norm;  /* or NULL */
     int qk_norm;                   /* qk_norm_kind */
     float eps;
-    const float *rope_freqs;       /* or NULL */
-    float rope_base, freq_scale;
+    const float *rope;             /* (n_ctx, n_rot): cos | sin of each position's angles */
     int n_rot, neox;
     float *k_cache, *v_cache;      /* this layer: (n_ctx, n_kv*hd) */
     const int *step;
     float *out;                    /* (n_heads*hd) */
     float *part;                   /* (n_kv, n_splits, G, hd + 2) */
     unsigned *counters;            /* (n_kv) */
-    int n_heads, n_kv, hd, chunk, n_splits;
+    int n_heads, n_kv, hd, n_splits;
 };
 
 /* ---------------------------------------------------------------- formats */
@@ -240,9 +239,10 @@ struct cuda_state {
     int *part_idx;
     int *step;                /* [0] token, [1] position */
     int *history;             /* (n_ctx + 1) argmax after each position */
+    float *rope;              /* (n_ctx, n_rot) cos | sin, see attention.cu */
     unsigned *counters;       /* [0] router, [1] argmax, [2..] attention per KV head */
     int q_dim, kv_dim, n_ff_routed, h_len;
-    int attn_chunk, attn_splits;
+    int attn_splits;
     size_t attn_smem;
     int max_grid;
     cudaGraphExec_t graph;
@@ -258,7 +258,9 @@ struct cuda_state {
 
 /* Attention (attention.cu). */
 void cuda_attention(const attn_args *a, size_t smem, cudaStream_t st, bool pdl);
-size_t cuda_attention_smem(int G, int hd, int chunk, int n_rot);
+size_t cuda_attention_smem(int G, int hd, int n_splits);
+bool cuda_attention_supported(int G, int hd, int n_splits);
+void cuda_rope_table(const model_config *c, const float *rope_freqs, int n_ctx, float *out);
 cudaError_t cuda_attention_allow_smem(int bytes);
 
 #endif
