@@ -65,6 +65,10 @@ export PATH=/usr/local/cuda/bin:$PATH
 
 # ---------------------------------------------------------------- build
 BUILD=${MOE_BUILD_DIR:-/tmp/moe-build}
+# a build directory configured from another checkout cannot be reused
+if [ -f "$BUILD/CMakeCache.txt" ] && ! grep -q "^CMAKE_HOME_DIRECTORY:INTERNAL=$ROOT\$" "$BUILD/CMakeCache.txt"; then
+    rm -rf "$BUILD"
+fi
 GEN=""
 command -v ninja >/dev/null && GEN="-G Ninja"
 # (MOE_SKIP_BUILD=1 MOE_BUILD_DIR=... MOE_PRESET=tiny: a dry run of this
@@ -140,8 +144,13 @@ if [ -f "$MODEL" ]; then
     # isolation, DRAM bytes, occupancy): the kernels of layers 1-2 at position ~64
     if [ "${MOE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
         step ncu 150 "$OUT/ncu.log" env MOE_CUDA_GRAPH=0 ncu --clock-control none --csv \
-            -k "regex:gemv|ffn|attention|embed" --launch-skip 400 --launch-count 16 \
+            -k "regex:gemv|ffn|attention|embed|set_step" --launch-skip 400 --launch-count 16 \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
+            "$MOE" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda
+        # where the warps of a q|k|v gemv, the attention and the expert kernels wait
+        step ncu_stalls 150 "$OUT/ncu_stalls.log" env MOE_CUDA_GRAPH=0 ncu --clock-control none \
+            -k "regex:gemv|ffn|attention" --launch-skip 402 --launch-count 6 \
+            --section WarpStateStats --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
             "$MOE" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda
     fi
     remaining=$((480 - $(elapsed)))
