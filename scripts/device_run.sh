@@ -19,6 +19,7 @@
 #                architecture) and the engine test, moe run --device cuda
 #   forward30b.log  the 30B-A3B q4_k file: GPU vs CPU over 64 positions
 #   env.txt      nvidia-smi, nvcc, SASS facts (16-byte loads, local memory)
+#   lab.md       moe lab: GEMVs and expert kernels beside pure reads, launch chains
 #   ncu.log      (MOE_NCU=1) Nsight Compute metrics of one decode step's kernels
 set -u
 OUT=${OUT:-/tmp/moe-device-out}
@@ -119,6 +120,10 @@ fi
 if [ -x "$BUILD/tests/test_cuda_forward" ]; then
     step forward 200 "$OUT/forward.log" "$BUILD/tests/test_cuda_forward"
 fi
+if [ -x "$BUILD/tests/test_cuda_forward" ]; then
+    # the same comparison with prompts run through the decode step token by token
+    step forward_decode 200 "$OUT/forward.log" env MOE_CUDA_PREFILL=0 "$BUILD/tests/test_cuda_forward"
+fi
 if [ -x "$BUILD/tests/test_engine" ]; then
     step engine 60 "$OUT/forward.log" "$BUILD/tests/test_engine"
 fi
@@ -140,6 +145,9 @@ if [ -f "$MODEL" ]; then
     sed -n '/^| model/,$p' "$OUT/bench.log.tmp" >"$OUT/bench.md"
     grep -v "^| \|^$\|^Read\|^A decoded\|^GPU memory\|^Repetitions" "$OUT/bench.log.tmp" >>"$OUT/build.log" 2>/dev/null
     rm -f "$OUT/bench.log.tmp"
+    # the kernel lab: each GEMV against a pure read of the same bytes, the
+    # expert kernels, launch chains with and without graphs/PDL
+    [ "${MOE_LAB:-1}" = 1 ] && step lab 300 "$OUT/lab.md" "$MOE" lab -r 20
     # MOE_NCU=1: Nsight Compute on one decode step's kernels (durations in
     # isolation, DRAM bytes, occupancy): the kernels of layers 1-2 at position ~64
     if [ "${MOE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
@@ -147,10 +155,10 @@ if [ -f "$MODEL" ]; then
             -k "regex:gemv|ffn|attention|embed|set_step" --launch-skip 400 --launch-count 16 \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
             "$MOE" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda
-        # where the warps of a q|k|v gemv, the attention and the expert kernels wait
+        # where the warps of the attention and of a q|k|v gemv wait, by source line
         step ncu_stalls 150 "$OUT/ncu_stalls.log" env MOE_CUDA_GRAPH=0 ncu --clock-control none \
-            -k "regex:gemv|ffn|attention" --launch-skip 402 --launch-count 6 \
-            --section WarpStateStats --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
+            -k "regex:gemv|attention" --launch-skip 400 --launch-count 2 \
+            --section WarpStateStats --section SourceCounters --section LaunchStats --section Occupancy \
             "$MOE" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda
     fi
     remaining=$((480 - $(elapsed)))
@@ -188,11 +196,12 @@ fi
     echo
     echo "| step | exit | what |"
     echo "| --- | --- | --- |"
-    for s in configure build kernels forward engine bench forward30b run_cuda bench_json at_scale; do
+    for s in configure build kernels forward forward_decode engine bench lab forward30b run_cuda bench_json at_scale; do
         echo "| $s | ${STATUS[$s]:-not run} | $(case $s in
             kernels) grep -E "passed|FAIL" "$OUT/kernels.log" 2>/dev/null | tail -1 ;;
             forward) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | head -1 ;;
-            engine) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | tail -1 ;;
+            forward_decode) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | sed -n 2p ;;
+            engine) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | sed -n 3p ;;
             forward30b) grep -E "worst rel L2|passed" "$OUT/forward30b.log" 2>/dev/null | tr '\n' ' ' | cut -c1-200 ;;
             run_cuda) grep -E "tok/s" "$OUT/forward.log" 2>/dev/null | tail -1 | cut -c1-200 ;;
             at_scale) grep -E "^at scale" "$OUT/at_scale.log" 2>/dev/null | tr '\n' ' ' | cut -c1-240 ;;

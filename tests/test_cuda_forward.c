@@ -1,7 +1,8 @@
 /*
  * test_cuda_forward.c — the GPU's logits against the CPU reference on the
- * same file, teacher-forced: relative L2 error <= 1e-3 at every position.
- * Skipped (exit 77) without a GPU.
+ * same file, teacher-forced: the decode step (prompts fed one token per
+ * call) to relative L2 error <= 1e-3 at every position, the batched
+ * prefill (below) to 2e-2. Skipped (exit 77) without a GPU.
  *
  *  - every architecture moe.c runs, as tiny synthetic models, in f32, bf16,
  *    q8_0, q4_0 and q4_k (which for rows of 128 falls back to q5_0), and the
@@ -29,6 +30,35 @@
  * bf16 models, which have no activation codes, are held to 1e-3 (they
  * agree to ~2e-7) at every position.
  *
+ * The batched prefill (cuda_forward with n >= 16; prefill.cu), on the tiny
+ * model of every architecture in f32 and q4_k, the Mixtral layout and the
+ * small presets:
+ *  - logits of every position of a 64-token prompt, run as one batch and
+ *    as two (the second from position 40: a chunk continuing a cache),
+ *    and of a 600-token prompt (two chunks of the prefill), against the
+ *    CPU within relative L2 PREFILL_TOL = 2e-2. The reference for a
+ *    quantized model is the CPU on its f32 twin (the same weights,
+ *    dequantized): the CPU's int8 activation codes alone move its logits
+ *    by ~1e-2 (8.8e-3 measured on tiny qwen3moe q4_k), more than the
+ *    prefill's own error. Why 2e-2: the prefill's GEMMs round both
+ *    operands to bf16 (8-bit mantissa, <= 2^-9 relative each), so a dot
+ *    product of random-signed terms is off by ~2^-9 * sqrt(2) = 3e-3 of
+ *    its size; residual stream, norms, attention and routing stay f32, so
+ *    that does not compound much (1-3e-3 measured on the f32 tiny models
+ *    in the CPU simulator with a bf16 stand-in for cuBLAS; the head's
+ *    quantized activations add ~5e-3 on quantized models).
+ *    MoE models: an expert choice decided by less than that error (the
+ *    k-th and (k+1)-th probabilities 4e-6 to 2.4e-4 apart at the
+ *    positions seen to move) goes the other way, and that position's
+ *    logits move by 0.05-0.2; so up to one position in 16 may exceed
+ *    2e-2, none 0.5. Dense models are held to 2e-2 everywhere.
+ *  - 16 decode steps after the batched prefill against the same steps
+ *    after a token-by-token one (the same tokens fed to both): logits
+ *    within the same bounds (the greedy agreement is printed).
+ *  - MOE_TEST_MODEL=FILE gets the same checks (the only case with more
+ *    experts than the prefill dequantizes at once), its reference the
+ *    CPU on the file itself, activations quantized.
+ *
  * MOE_TEST_POSITIONS overrides the 64 positions (the CPU simulator of the
  * GPU is slow); MOE_TEST_QUICK=1 runs one case per architecture,
  * MOE_TEST_ONLY=preset:arch:type one case, MOE_TEST_SKIP_SYNTH=1 none
@@ -46,6 +76,7 @@
 #include "cpu/cpu.h"
 #include "cuda/cuda_backend.h"
 #include "model/synth.h"
+#include "quant/quantize_model.h"
 
 #define TOL 1e-3
 /* Quantized models: positions before the first flip must be this close
@@ -65,19 +96,34 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static model *make_model(const char *preset, const char *arch, bool mixtral, const char *type) {
-    char path[256];
-    snprintf(path, sizeof path, "/tmp/moe_test_cuda_%ld_%s_%s_%s.gguf", (long)getpid(), preset, arch, type);
+/* A synthetic model (seed 11) written to `path`. */
+static bool synth_file(const char *preset, const char *arch, bool mixtral, const char *type, const char *path) {
     synth_options o = {.preset = synth_preset_by_name(preset), .arch = arch, .llama_experts = mixtral,
                        .recipe = quant_recipe_by_name(type), .out_path = path, .seed = 11, .n_threads = 0};
     moe_error err = {0};
-    model *m = NULL;
     CHECKF(o.recipe != NULL, "no recipe %s", type);
-    if (!o.recipe) return NULL;
-    CHECKF(synth_model(&o, &err) == MOE_OK, "synth %s %s %s: %s", preset, arch, type, err.message);
+    if (!o.recipe) return false;
+    moe_status st = synth_model(&o, &err);
+    CHECKF(st == MOE_OK, "synth %s %s %s: %s", preset, arch, type, err.message);
+    return st == MOE_OK;
+}
+
+static model *load_unlinked(const char *path) {
+    moe_error err = {0};
+    model *m = NULL;
     CHECKF(model_load(path, &m, &err) == MOE_OK, "%s", err.message);
     unlink(path);
     return m;
+}
+
+static void model_path(char *path, size_t size, const char *preset, const char *arch, const char *type) {
+    snprintf(path, size, "/tmp/moe_test_cuda_%ld_%s_%s_%s.gguf", (long)getpid(), preset, arch, type);
+}
+
+static model *make_model(const char *preset, const char *arch, bool mixtral, const char *type) {
+    char path[256];
+    model_path(path, sizeof path, preset, arch, type);
+    return synth_file(preset, arch, mixtral, type, path) ? load_unlinked(path) : NULL;
 }
 
 static void tokens_for(int32_t *ids, int n, int n_vocab, uint32_t seed) {
@@ -106,7 +152,8 @@ static float *gpu_logits(cuda_model *g, const model *m, const int32_t *ids, int 
     cuda_state *s = NULL;
     moe_error err = {0};
     CHECKF(cuda_state_new(g, n, &o, &s, &err) == MOE_OK, "%s", err.message);
-    if (s) CHECKF(cuda_forward(s, ids, n, 0, logits, true, &err) == MOE_OK, "%s", err.message);
+    for (int i = 0; s && i < n; i++) /* one token per call: the decode step (n > 1 would be the prefill) */
+        CHECKF(cuda_forward(s, ids + i, 1, i, logits + i * vocab, false, &err) == MOE_OK, "%s", err.message);
     cuda_state_free(s);
     return logits;
 }
@@ -240,6 +287,166 @@ run:
     }
 }
 
+/* ---------------------------------------------------------------- the batched prefill */
+
+#define PREFILL_TOL       2e-2
+#define PREFILL_NEAR_TIES 16  /* MoE: at most one position (or step) in 16 may be a routing near-tie */
+#define PREFILL_CEIL      0.5 /* ... moved by at most this much (unrelated logits: ~1.4) */
+#define PREFILL_STEPS     16
+
+/* The f32 twin of the quantized model file at `path` (moe quantize to
+ * f32: the same weights, dequantized), which the CPU multiplies without
+ * quantizing activations. */
+static model *f32_twin(const char *path) {
+    char out[300];
+    snprintf(out, sizeof out, "%s.f32.gguf", path);
+    quantize_options o = {.n_threads = 0};
+    quantize_report r;
+    moe_error err = {0};
+    moe_status st = quantize_model(path, out, quant_recipe_by_name("f32"), &o, &r, &err);
+    CHECKF(st == MOE_OK, "%s", err.message);
+    return st == MOE_OK ? load_unlinked(out) : NULL;
+}
+
+/* Logits of every position of ids[0..n) through the batched prefill: one
+ * call, or two (the second from position `split`). The state, with room
+ * for PREFILL_STEPS more, goes to *keep. */
+static float *prefill_logits(cuda_model *g, const model *m, const int32_t *ids, int n, int split, cuda_state **keep) {
+    const size_t vocab = (size_t)m->config.n_vocab;
+    float *logits = malloc(n * vocab * sizeof *logits);
+    for (size_t i = 0; i < n * vocab; i++)
+        logits[i] = NAN;
+    moe_error err = {0};
+    *keep = NULL;
+    CHECKF(cuda_state_new(g, n + PREFILL_STEPS, NULL, keep, &err) == MOE_OK, "%s", err.message);
+    if (!*keep) return logits;
+    const int first = split > 0 ? split : n;
+    CHECKF(cuda_forward(*keep, ids, first, 0, logits, true, &err) == MOE_OK, "%s", err.message);
+    if (first < n)
+        CHECKF(cuda_forward(*keep, ids + first, n - first, first, logits + first * vocab, true, &err) == MOE_OK, "%s",
+               err.message);
+    return logits;
+}
+
+/* n rows against their references: every one within PREFILL_TOL, except
+ * that MoE models may have a few near-tie rows up to PREFILL_CEIL.
+ * Returns the worst error; *ties counts the rows over PREFILL_TOL. */
+static double check_rows(const float *got, const float *want, int n, int vocab, bool moe, const char *label,
+                         const char *what, int *ties) {
+    double worst = 0;
+    int worst_at = 0, over_ceil = 0;
+    *ties = 0;
+    for (int t = 0; t < n; t++) {
+        double e = rel_l2(got + (size_t)t * vocab, want + (size_t)t * vocab, vocab);
+        if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "    %s %d: %.3g\n", what, t, e);
+        if (!(e <= PREFILL_TOL)) (*ties)++;
+        if (!(e <= PREFILL_CEIL)) over_ceil++;
+        if (!(e <= worst)) worst = e, worst_at = t;
+    }
+    const int allowed = moe ? (n + PREFILL_NEAR_TIES - 1) / PREFILL_NEAR_TIES : 0;
+    CHECKF(*ties <= allowed && over_ceil == 0,
+           "%s: %s: %d of %d over %.0e (%d allowed), %d over %.1f; worst %.3g at %d", label, what, *ties, n,
+           PREFILL_TOL, allowed, over_ceil, PREFILL_CEIL, worst, worst_at);
+    return worst;
+}
+
+/* PREFILL_STEPS decode steps after the batched prefill (state a) and after
+ * a token-by-token one (a fresh state), the same tokens fed to both (the
+ * token-by-token run's greedy choices); the logits of each step to la and
+ * lb, *same counts the steps whose greedy token agrees. */
+static void decode_after(cuda_model *g, const model *m, cuda_state *a, const int32_t *ids, int n, float *la, float *lb,
+                         int *same) {
+    const size_t vocab = (size_t)m->config.n_vocab;
+    cuda_state *b = NULL;
+    moe_error err = {0};
+    *same = 0;
+    CHECKF(cuda_state_new(g, n + PREFILL_STEPS, NULL, &b, &err) == MOE_OK, "%s", err.message);
+    for (int i = 0; b && i < n; i++)
+        CHECKF(cuda_forward(b, ids + i, 1, i, lb, false, &err) == MOE_OK, "%s", err.message);
+    int32_t tok = b ? argmax(lb, (int)vocab) : 0;
+    for (int i = 0; b && i < PREFILL_STEPS; i++) {
+        CHECKF(cuda_forward(a, &tok, 1, n + i, la + i * vocab, false, &err) == MOE_OK, "%s", err.message);
+        CHECKF(cuda_forward(b, &tok, 1, n + i, lb + i * vocab, false, &err) == MOE_OK, "%s", err.message);
+        *same += argmax(la + i * vocab, (int)vocab) == argmax(lb + i * vocab, (int)vocab);
+        tok = argmax(lb + i * vocab, (int)vocab);
+    }
+    cuda_state_free(b);
+}
+
+/* The batched prefill of m against the CPU on `exact` (m itself, or its
+ * f32 twin), as one batch and split, then decoding after it. */
+static void check_prefill(const model *m, const model *exact, const char *label, int n) {
+    const int vocab = m->config.n_vocab, split = n > 40 ? 40 : n / 2;
+    const bool moe = m->config.n_experts > 0;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    tokens_for(ids, n, vocab, 4321);
+    moe_error err = {0};
+    cuda_model *g = NULL;
+    CHECKF(cuda_model_new(m, &g, &err) == MOE_OK, "%s: %s", label, err.message);
+    if (!g) {
+        free(ids);
+        return;
+    }
+    float *want = cpu_logits(exact, ids, n);
+    float *la = malloc((size_t)PREFILL_STEPS * vocab * sizeof *la),
+          *lb = malloc((size_t)PREFILL_STEPS * vocab * sizeof *lb);
+    for (size_t i = 0; i < (size_t)PREFILL_STEPS * vocab; i++)
+        la[i] = lb[i] = NAN;
+    cuda_state *whole = NULL, *parts = NULL;
+    float *got = prefill_logits(g, m, ids, n, 0, &whole);
+    float *got2 = prefill_logits(g, m, ids, n, split, &parts);
+    int ties = 0, ties2 = 0, ties_d = 0, same = 0;
+    const double e1 = check_rows(got, want, n, vocab, moe, label, "position", &ties);
+    const double e2 = check_rows(got2, want, n, vocab, moe, label, "position (split prompt)", &ties2);
+    double ed = 0;
+    if (parts) {
+        decode_after(g, m, parts, ids, n, la, lb, &same);
+        ed = check_rows(la, lb, PREFILL_STEPS, vocab, moe, label, "decode step after the prefill", &ties_d);
+    }
+    printf("  %-27s %3d positions: worst rel L2 %.3g, split at %d %.3g (near-ties %d, %d); decode after %.3g (%d), "
+           "greedy %d/%d\n",
+           label, n, e1, split, e2, ties, ties2, ed, ties_d, same, PREFILL_STEPS);
+    cuda_state_free(whole);
+    cuda_state_free(parts);
+    free(want), free(got), free(got2), free(la), free(lb), free(ids);
+    cuda_model_free(g);
+}
+
+static void test_batched_prefill(void) {
+    if (getenv("MOE_TEST_SKIP_SYNTH")) return;
+    const char *archs[] = {"qwen3moe", "qwen2moe", "olmoe", "llama", "qwen3", "qwen2"};
+    const char *types[] = {"f32", "q4_k"};
+    const bool quick = getenv("MOE_TEST_QUICK") && getenv("MOE_TEST_QUICK")[0] == '1';
+    const char *only = getenv("MOE_TEST_ONLY"); /* "preset:arch:type" */
+    static char buf[3][32];
+    forward_case cases[32];
+    int n = 0;
+    if (only && sscanf(only, "%31[^:]:%31[^:]:%31s", buf[0], buf[1], buf[2]) == 3) {
+        cases[n++] = (forward_case){buf[0], buf[1], false, buf[2]};
+    } else {
+        for (size_t a = 0; a < sizeof archs / sizeof archs[0]; a++)
+            for (size_t t = 0; t < (quick ? 1 : sizeof types / sizeof types[0]); t++)
+                cases[n++] = (forward_case){"tiny", archs[a], false, types[t]};
+        cases[n++] = (forward_case){"tiny", "llama", true, "q4_k"};
+        if (!quick) {
+            cases[n++] = (forward_case){"small", "qwen3moe", false, "q4_k"};
+            cases[n++] = (forward_case){"small", "qwen2moe", false, "q8_0"};
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        char path[256], label[96];
+        model_path(path, sizeof path, cases[i].preset, cases[i].arch, cases[i].type);
+        if (!synth_file(cases[i].preset, cases[i].arch, cases[i].mixtral, cases[i].type, path)) continue;
+        model *exact = strcmp(cases[i].type, "f32") ? f32_twin(path) : NULL, *m = load_unlinked(path);
+        snprintf(label, sizeof label, "%s %s%s %s", cases[i].preset, cases[i].arch,
+                 cases[i].mixtral ? " (mixtral)" : "", cases[i].type);
+        if (m) check_prefill(m, exact ? exact : m, label, n_positions);
+        if (m && i == 0 && !quick && !only) check_prefill(m, m, label, 600); /* two chunks of the prefill (512) */
+        model_free(m);
+        model_free(exact);
+    }
+}
+
 static void test_model_file(void) {
     const char *path = getenv("MOE_TEST_MODEL");
     if (!path || !*path) {
@@ -251,6 +458,7 @@ static void test_model_file(void) {
     CHECKF(model_load(path, &m, &err) == MOE_OK, "%s", err.message);
     if (!m) return;
     check_model(m, path, false);
+    check_prefill(m, m, path, n_positions); /* against the CPU's own int8 activations: no f32 twin at this size */
     model_free(m);
 }
 
@@ -267,6 +475,7 @@ int main(void) {
     const char *np = getenv("MOE_TEST_POSITIONS");
     if (np && atoi(np) > 0) n_positions = atoi(np);
     RUN(test_synthetic_models);
+    RUN(test_batched_prefill);
     RUN(test_model_file);
     return test_summary();
 }

@@ -13,6 +13,17 @@
  *    weighted combine into a residual), mixed types: h against the CPU
  *    (relative L2 1e-5), y - y0 against the CPU's down products of the
  *    GPU's own h (tolerance as above).
+ *  - the prefill's dequantization to plain rows, every type, f32 and bf16,
+ *    picked experts of a slab and rows of more than one 2048-element chunk:
+ *    against the CPU's dequantize, within 1e-6 of the row's largest value
+ *    (the GPU may fuse a multiply-add the CPU rounds twice) plus, for
+ *    bf16, half a bf16 unit in the last place (2^-8 relative).
+ *  - the prefill's attention (biases, q/k norm per head or whole, RoPE of
+ *    both pairings with frequency factors and linear scaling, GQA up to 16
+ *    query heads per KV head, the chunk's k and v into the cache, causal
+ *    attention across several 64-position tiles) against float64 on the
+ *    host: relative L2 1e-5 per token; cache rows before the chunk
+ *    untouched, after it never written.
  *
  * The worst ratio seen per type is printed, so a drift shows before it
  * fails.
@@ -194,6 +205,229 @@ static void test_experts_by_id(void) {
     check_experts(MOE_TYPE_F32, MOE_TYPE_BF16, 8, 3, 64, 96);
 }
 
+static double worst_dq[MOE_TYPE_COUNT], worst_dq16[MOE_TYPE_COUNT];
+
+static void check_dequant(moe_type type, int n_experts, int rows, int cols, const int32_t *picks, int n_pick) {
+    float *deq;
+    uint8_t *w = random_matrix(type, n_experts * rows, cols, 1.0f, &deq);
+    const size_t n = (size_t)n_pick * rows * cols;
+    float *got = xmalloc(n * sizeof(float));
+    uint16_t *got16 = xmalloc(n * sizeof(uint16_t));
+    moe_error err = {0};
+    moe_status st = cuda_test_dequant(type, n_experts, rows, cols, w, picks, n_pick, false, got, &err);
+    CHECKF(st == MOE_OK, "%s", err.message);
+    if (st == MOE_OK) st = cuda_test_dequant(type, n_experts, rows, cols, w, picks, n_pick, true, got16, &err);
+    CHECKF(st == MOE_OK, "%s", err.message);
+    int bad = 0;
+    for (int i = 0; i < n_pick && st == MOE_OK; i++)
+        for (int r = 0; r < rows; r++) {
+            const float *want = deq + ((size_t)(picks ? picks[i] : i) * rows + r) * cols;
+            const size_t at = ((size_t)i * rows + r) * cols;
+            double row_max = 0;
+            for (int c = 0; c < cols; c++)
+                row_max = fmax(row_max, fabs(want[c]));
+            for (int c = 0; c < cols; c++) {
+                const double tol = 1e-6 * row_max, tol16 = ldexp(fabs(want[c]), -8) + tol;
+                const double e = fabs((double)got[at + c] - want[c]),
+                             e16 = fabs((double)bf16_to_f32(got16[at + c]) - want[c]);
+                worst_dq[type] = fmax(worst_dq[type], row_max > 0 ? e / row_max : e);
+                worst_dq16[type] = fmax(worst_dq16[type], want[c] != 0 ? e16 / fabs(want[c]) : e16);
+                if ((!(e <= tol) || !(e16 <= tol16)) && bad++ < 3)
+                    fprintf(stderr, "  dequant %s: matrix %d row %d col %d: cpu %.9g gpu %.9g bf16 %.9g\n",
+                            quant_format_of(type)->name, i, r, c, want[c], got[at + c], bf16_to_f32(got16[at + c]));
+            }
+        }
+    CHECKF(bad == 0, "dequant %s %dx%d: %d values off", quant_format_of(type)->name, rows, cols, bad);
+    free(w), free(deq), free(got), free(got16);
+}
+
+static void test_dequant_every_type(void) {
+    for (size_t t = 0; t < sizeof gpu_types / sizeof gpu_types[0]; t++) {
+        const int unit = quant_format_of(gpu_types[t])->block_size >= 256 ? 256 : 32;
+        const int32_t picks[] = {3, 0, 2};
+        check_dequant(gpu_types[t], 1, 3, unit, NULL, 1);
+        check_dequant(gpu_types[t], 1, 5, 2048 + 2 * unit, NULL, 1); /* a chunk and a part */
+        check_dequant(gpu_types[t], 4, 7, 2 * unit, picks, 3);
+        printf("  dequant %-7s worst |gpu - cpu| / row max %.3g; bf16: / |cpu| %.3g\n", quant_format_of(gpu_types[t])->name,
+               worst_dq[gpu_types[t]], worst_dq16[gpu_types[t]]);
+    }
+}
+
+typedef struct attn_case {
+    int T, pos, n_heads, n_kv, hd, n_rot;
+    bool neox, bias, freqs;
+    qk_norm_kind qk_norm;
+    float freq_scale;
+} attn_case;
+
+static float *gauss_array(size_t n, float mean, float sigma) {
+    float *v = xmalloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        v[i] = mean + sigma * gauss();
+    return v;
+}
+
+static void rms_double(double *x, int n, const float *w) {
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    const double scale = 1.0 / sqrt(ss / n + 1e-6);
+    for (int i = 0; i < n; i++)
+        x[i] *= scale * w[i];
+}
+
+static void rope_double(double *head, int n_rot, int pos, const float *freqs, float freq_scale, bool neox) {
+    for (int i = 0; i < n_rot / 2; i++) {
+        double freq = pow(10000.0, -2.0 * i / n_rot) / (freqs ? freqs[i] : 1.0);
+        double angle = pos * (double)freq_scale * freq, c = cos(angle), s = sin(angle);
+        const int a = neox ? i : 2 * i, b = neox ? i + n_rot / 2 : 2 * i + 1;
+        const double x0 = head[a], x1 = head[b];
+        head[a] = x0 * c - x1 * s;
+        head[b] = x0 * s + x1 * c;
+    }
+}
+
+/* The chunk's rotated q (T x q_dim) and the cache after it, in float64. */
+static void attention_inputs_double(const cuda_test_attention *a, const float *k_in, const float *v_in, double *q,
+                                    double *kc, double *vc) {
+    const int hd = a->head_dim, q_dim = a->n_heads * hd, kv_dim = a->n_kv_heads * hd, stride = q_dim + 2 * kv_dim;
+    for (size_t i = 0; i < (size_t)a->pos * kv_dim; i++)
+        kc[i] = k_in[i], vc[i] = v_in[i];
+    for (int t = 0; t < a->n_tokens; t++) {
+        const float *row = a->qkv + (size_t)t * stride;
+        double *qt = q + (size_t)t * q_dim, *k = kc + (size_t)(a->pos + t) * kv_dim,
+               *v = vc + (size_t)(a->pos + t) * kv_dim;
+        for (int i = 0; i < q_dim; i++)
+            qt[i] = row[i] + (a->bq ? a->bq[i] : 0.0);
+        for (int i = 0; i < kv_dim; i++) {
+            k[i] = row[q_dim + i] + (a->bk ? a->bk[i] : 0.0);
+            v[i] = row[q_dim + kv_dim + i] + (a->bv ? a->bv[i] : 0.0);
+        }
+        if (a->qk_norm == QK_NORM_FULL) {
+            rms_double(qt, q_dim, a->q_norm);
+            rms_double(k, kv_dim, a->k_norm);
+        }
+        for (int h = 0; h < a->n_heads + a->n_kv_heads; h++) {
+            double *head = h < a->n_heads ? qt + h * hd : k + (h - a->n_heads) * hd;
+            if (a->qk_norm == QK_NORM_PER_HEAD) rms_double(head, hd, h < a->n_heads ? a->q_norm : a->k_norm);
+            rope_double(head, a->n_rot, a->pos + t, a->rope_freqs, a->freq_scale, a->neox);
+        }
+    }
+}
+
+/* Causal softmax attention of token t, head h over the float64 cache. */
+static void attend_double(const cuda_test_attention *a, const double *q, const double *kc, const double *vc, int t,
+                          int h, double *out) {
+    const int hd = a->head_dim, kv_dim = a->n_kv_heads * hd, g = h / (a->n_heads / a->n_kv_heads),
+              n_pos = a->pos + t + 1;
+    double *p = xmalloc((size_t)n_pos * sizeof(double)), max = -INFINITY, sum = 0;
+    for (int j = 0; j < n_pos; j++) {
+        double dot = 0;
+        for (int i = 0; i < hd; i++)
+            dot += q[(size_t)t * a->n_heads * hd + h * hd + i] * kc[(size_t)j * kv_dim + g * hd + i];
+        p[j] = dot / sqrt((double)hd);
+        max = fmax(max, p[j]);
+    }
+    for (int j = 0; j < n_pos; j++)
+        sum += p[j] = exp(p[j] - max);
+    for (int i = 0; i < hd; i++) {
+        double o = 0;
+        for (int j = 0; j < n_pos; j++)
+            o += p[j] * vc[(size_t)j * kv_dim + g * hd + i];
+        out[i] = o / sum;
+    }
+    free(p);
+}
+
+static double rel_l2_double(const float *got, const double *want, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = got[i] - want[i];
+        num += d * d, den += want[i] * want[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void check_prefill_attention(const attn_case *k) {
+    const int hd = k->hd, q_dim = k->n_heads * hd, kv_dim = k->n_kv * hd, n_ctx = k->pos + k->T + 5;
+    const size_t cache_n = (size_t)n_ctx * kv_dim;
+    const bool full = k->qk_norm == QK_NORM_FULL;
+    cuda_test_attention a = {.n_tokens = k->T,
+                             .pos = k->pos,
+                             .n_ctx = n_ctx,
+                             .n_heads = k->n_heads,
+                             .n_kv_heads = k->n_kv,
+                             .head_dim = hd,
+                             .n_rot = k->n_rot,
+                             .neox = k->neox,
+                             .qk_norm = k->qk_norm,
+                             .eps = 1e-6f,
+                             .rope_base = 10000.0f,
+                             .freq_scale = k->freq_scale};
+    float *freqs = k->freqs ? gauss_array((size_t)k->n_rot / 2, 2.0f, 0.5f) : NULL;
+    float *qn = k->qk_norm ? gauss_array(full ? q_dim : hd, 1.0f, 0.2f) : NULL;
+    float *kn = k->qk_norm ? gauss_array(full ? kv_dim : hd, 1.0f, 0.2f) : NULL;
+    float *bq = k->bias ? gauss_array(q_dim, 0.0f, 0.5f) : NULL, *bk = k->bias ? gauss_array(kv_dim, 0.0f, 0.5f) : NULL;
+    float *bv = k->bias ? gauss_array(kv_dim, 0.0f, 0.5f) : NULL;
+    float *qkv = gauss_array((size_t)k->T * (q_dim + 2 * kv_dim), 0.0f, 1.0f);
+    float *k_in = gauss_array(cache_n, 0.0f, 1.0f), *v_in = gauss_array(cache_n, 0.0f, 1.0f);
+    float *k_gpu = xmalloc(cache_n * sizeof(float)), *v_gpu = xmalloc(cache_n * sizeof(float));
+    float *out = xmalloc((size_t)k->T * q_dim * sizeof(float));
+    memcpy(k_gpu, k_in, cache_n * sizeof(float));
+    memcpy(v_gpu, v_in, cache_n * sizeof(float));
+    a.rope_freqs = freqs, a.q_norm = qn, a.k_norm = kn, a.bq = bq, a.bk = bk, a.bv = bv, a.qkv = qkv;
+    char label[96];
+    snprintf(label, sizeof label, "T=%d pos=%d heads %d/%d hd %d rot %d%s%s qk_norm %d", k->T, k->pos, k->n_heads,
+             k->n_kv, hd, k->n_rot, k->neox ? " neox" : "", k->bias ? " bias" : "", (int)k->qk_norm);
+    moe_error err = {0};
+    moe_status st = cuda_test_prefill_attention(&a, k_gpu, v_gpu, out, &err);
+    CHECKF(st == MOE_OK, "%s", err.message);
+    if (st == MOE_OK) {
+        double *q = xmalloc((size_t)k->T * q_dim * sizeof(double)), *want = xmalloc((size_t)hd * sizeof(double));
+        double *kc = xmalloc(cache_n * sizeof(double)), *vc = xmalloc(cache_n * sizeof(double));
+        attention_inputs_double(&a, k_in, v_in, q, kc, vc);
+        const size_t before = (size_t)k->pos * kv_dim, chunk = (size_t)k->T * kv_dim;
+        CHECKF(memcmp(k_gpu, k_in, before * sizeof(float)) == 0 && memcmp(v_gpu, v_in, before * sizeof(float)) == 0,
+               "%s: cache rows before the chunk changed", label);
+        double ek = rel_l2_double(k_gpu + before, kc + before, chunk),
+               ev = rel_l2_double(v_gpu + before, vc + before, chunk);
+        CHECKF(ek <= 1e-5 && ev <= 1e-5, "%s: new cache rows: k rel L2 %.3g, v %.3g", label, ek, ev);
+        bool untouched = true;
+        for (size_t i = before + chunk; i < cache_n; i++)
+            untouched &= isnan(k_gpu[i]) && isnan(v_gpu[i]);
+        CHECKF(untouched, "%s: cache rows after the chunk were written", label);
+        double worst_out = 0;
+        for (int t = 0; t < k->T; t++) {
+            double *ref = xmalloc((size_t)q_dim * sizeof(double));
+            for (int h = 0; h < k->n_heads; h++) {
+                attend_double(&a, q, kc, vc, t, h, want);
+                memcpy(ref + h * hd, want, (size_t)hd * sizeof(double));
+            }
+            double e = rel_l2_double(out + (size_t)t * q_dim, ref, q_dim);
+            if (!(e <= worst_out)) worst_out = e;
+            free(ref);
+        }
+        CHECKF(worst_out <= 1e-5, "%s: attention output rel L2 %.3g", label, worst_out);
+        printf("  prefill attention %-52s worst rel L2 %.3g (cache k %.2g v %.2g)\n", label, worst_out, ek, ev);
+        free(q), free(want), free(kc), free(vc);
+    }
+    free(freqs), free(qn), free(kn), free(bq), free(bk), free(bv), free(qkv), free(k_in), free(v_in);
+    free(k_gpu), free(v_gpu), free(out);
+}
+
+static void test_prefill_attention(void) {
+    const attn_case cases[] = {
+        {70, 100, 8, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, /* Qwen3 */
+        {33, 0, 4, 4, 64, 64, true, false, false, QK_NORM_FULL, 1.0f},         /* OLMoE */
+        {17, 5, 14, 2, 64, 64, true, true, false, QK_NORM_NONE, 1.0f},         /* Qwen2: biases, G = 7 */
+        {40, 31, 8, 2, 128, 128, false, false, true, QK_NORM_NONE, 0.25f},     /* Llama 3: factors, scaling */
+        {3, 200, 16, 1, 256, 64, true, false, false, QK_NORM_PER_HEAD, 1.0f},  /* G = 16, hd 256, partial RoPE */
+        {129, 0, 2, 2, 32, 32, false, false, false, QK_NORM_NONE, 1.0f},       /* hd 32, three tiles */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_prefill_attention(&cases[i]);
+}
+
 int main(void) {
     if (!cuda_available()) {
         printf("skipped: no CUDA GPU\n");
@@ -201,6 +435,8 @@ int main(void) {
     }
     RUN(test_gemv_every_type);
     RUN(test_experts_by_id);
+    RUN(test_dequant_every_type);
+    RUN(test_prefill_attention);
     return test_summary();
 }
 

@@ -24,6 +24,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_lab(int argc, char **argv);
 
 /* Print "moe <command>: <message>" to stderr; returns 1 (the exit status). */
 int cli_fail(const char *command, const moe_error *err);

@@ -2,11 +2,14 @@
  * cmd_bench.c — `moe bench`: prompt processing and generation speed, each
  * beside its ceiling, shaped like llama-bench's table.
  *
- *   pp<P>  P prompt tokens from an empty context (this milestone's GPU
- *          prefill runs them through the decode step one at a time);
+ *   pp<P>  P prompt tokens from an empty context (on the GPU in batches
+ *          through cuBLAS, src/cuda/prefill.cu, unless MOE_CUDA_PREFILL=0);
  *   tg<N>  N tokens generated greedily from an empty context; on the GPU
  *          the step's argmax feeds the next step on the device, so the
- *          figure is the engine's, with no host in the loop.
+ *          figure is the engine's, with no host in the loop. With -d D
+ *          (`tg<N> @ d<D>`, as llama-bench names it) the first D positions
+ *          of the KV cache are filled first (once, by the prefill, untimed)
+ *          and the N tokens are generated at positions D..D+N-1.
  *
  * Every figure is the median of -r repetitions after a warm-up, with the
  * spread (min..max); GPU times come from CUDA events. Beside decode: the
@@ -17,6 +20,12 @@
  * measured itself (a 16-byte-load read kernel over --bw-gib GiB, median of
  * 10 after warm-up). On the CPU no ceiling is measured, and the table says
  * so. Inputs are random token ids, never zeros.
+ *
+ * GPU memory: the device's bytes in use (cudaMemGetInfo, so device-wide)
+ * are read before the upload and after every phase; the peak above the
+ * first reading is reported beside the weights and the largest state (KV
+ * cache and activations) the run made, and as a percentage of their sum:
+ * what the runtime, graphs and libraries add on top.
  */
 #include <getopt.h>
 #include <math.h>
@@ -34,7 +43,7 @@ enum { MAX_REPS = 100 };
 
 typedef struct bench_args {
     const char *path;
-    int p, n, reps, threads;
+    int p, n, depth, reps, threads; /* depth: KV positions filled before tg */
     bool json;
     moe_device device;
     double bw_gib;
@@ -135,7 +144,8 @@ typedef struct report {
     double ceiling_gbps;  /* 0: not measured */
     stat3 ceiling;
     double bw_gib;
-    double weights_gb, state_gb, device_used_gb;
+    double weights_gb, state_gb, device_used_gb; /* state_gb: the largest state */
+    double base_used_gb, peak_gb;                /* in use before the upload; the most in use above it */
     double upload_s;
     row rows[8];
     int n_rows;
@@ -203,8 +213,10 @@ static void print_markdown(const report *r, const bench_args *a) {
            r->tb.head / 1e6, r->tb.kv_per_position / 1e3);
     if (r->weights_gb > 0)
         printf("GPU memory: weights %.2f GB, KV cache and activations %.2f GB; the device had %.2f GB in use at the "
-               "end (upload %.1f s).\n",
-               r->weights_gb, r->state_gb, r->device_used_gb, r->upload_s);
+               "end (upload %.1f s). Peak %.2f GB in use above the %.2f GB before the upload: %.1f%% of weights + KV "
+               "cache + activations.\n",
+               r->weights_gb, r->state_gb, r->device_used_gb, r->upload_s, r->peak_gb, r->base_used_gb,
+               100.0 * r->peak_gb / (r->weights_gb + r->state_gb));
     printf("Repetitions: %d after a warm-up; t/s is the median, spread min..max.%s%s\n", a->reps, r->note[0] ? " " : "",
            r->note);
 }
@@ -218,8 +230,11 @@ static void print_json(const report *r, const bench_args *a) {
     else
         printf(" \"read_bandwidth_gbps\": null,\n");
     printf(" \"bandwidth_buffer_gib\": %.1f, \"repetitions\": %d,\n", r->bw_gib, a->reps);
-    printf(" \"gpu_weights_gb\": %.3f, \"gpu_state_gb\": %.3f, \"gpu_used_gb\": %.3f,\n \"tests\": [\n", r->weights_gb,
-           r->state_gb, r->device_used_gb);
+    printf(" \"gpu_weights_gb\": %.3f, \"gpu_state_gb\": %.3f, \"gpu_used_gb\": %.3f,\n", r->weights_gb, r->state_gb,
+           r->device_used_gb);
+    printf(" \"gpu_base_used_gb\": %.3f, \"gpu_peak_gb\": %.3f, \"gpu_peak_fraction\": %.4f, \"depth\": %d,\n \"tests\": [\n",
+           r->base_used_gb, r->peak_gb,
+           r->weights_gb + r->state_gb > 0 ? r->peak_gb / (r->weights_gb + r->state_gb) : 0.0, a->depth);
     for (int i = 0; i < r->n_rows; i++) {
         const row *w = &r->rows[i];
         double gbps = w->bytes * w->tps.median / 1e9;
@@ -248,7 +263,99 @@ static double mean_decode_bytes(const token_bytes *tb, int first, int n) {
     return sum / n;
 }
 
+static void add_row(report *r, const char *test, const char *variant, double *tps, int reps, double bytes) {
+    row *w = &r->rows[r->n_rows++];
+    snprintf(w->test, sizeof w->test, "%s", test);
+    snprintf(w->variant, sizeof w->variant, "%s", variant);
+    w->tps = stats(tps, reps);
+    w->bytes = bytes;
+}
+
+/* The tg test name: tgN, or tgN @ dD after a filled cache. */
+static void tg_name(const bench_args *a, char *out, size_t len) {
+    if (a->depth > 0) snprintf(out, len, "tg%d @ d%d", a->n, a->depth);
+    else snprintf(out, len, "tg%d", a->n);
+}
+
 #ifdef MOE_HAVE_CUDA
+/* The device's bytes in use now: the largest seen, and the peak above the
+ * reading before the upload. */
+static void note_memory(report *r) {
+    moe_error err = {0};
+    size_t used = 0, total = 0;
+    if (cuda_memory_info(&used, &total, &err) != MOE_OK) return;
+    if (used / 1e9 > r->device_used_gb) r->device_used_gb = used / 1e9;
+    if (used / 1e9 - r->base_used_gb > r->peak_gb) r->peak_gb = used / 1e9 - r->base_used_gb;
+}
+
+static void note_state(report *r, const cuda_state *s) {
+    if (cuda_state_bytes(s) / 1e9 > r->state_gb) r->state_gb = cuda_state_bytes(s) / 1e9;
+    note_memory(r);
+}
+
+/* Prompt processing: the prompt at positions 0.., reps times after a warm-up. */
+static int bench_cuda_pp(cuda_state *s, const bench_args *a, report *r, const int32_t *prompt) {
+    moe_error err = {0};
+    double tps[MAX_REPS];
+    float ms = 0;
+    for (int i = -1; i < a->reps; i++) {
+        if (cuda_prefill_timed(s, prompt, a->p, &ms, &err) != MOE_OK) return cli_fail("bench", &err);
+        if (i >= 0) tps[i] = a->p / (ms * 1e-3);
+        note_memory(r);
+    }
+    char test[32];
+    snprintf(test, sizeof test, "pp%d", a->p);
+    add_row(r, test, cuda_prefill_batched(a->p) ? "(batched, bf16 GEMMs)" : "(token by token)", tps, a->reps, 0);
+    return 0;
+}
+
+/* Generation at positions depth.., the cache below filled once first. */
+static int bench_cuda_tg(cuda_state *s, const bench_args *a, report *r, const int32_t *prompt, const char *variant,
+                         bool first) {
+    moe_error err = {0};
+    double tps[MAX_REPS];
+    float ms = 0;
+    if (a->depth > 0 && cuda_prefill_timed(s, prompt, a->depth, &ms, &err) != MOE_OK) return cli_fail("bench", &err);
+    int32_t *out = malloc((size_t)a->n * sizeof *out);
+    if (!out) return cli_fail("bench", &(moe_error){MOE_ERR_NOMEM, "out of memory"});
+    int status = 0;
+    for (int i = -1; i < a->reps && status == 0; i++) {
+        if (cuda_decode_greedy(s, prompt[0], a->depth, a->n, out, &ms, &err) != MOE_OK) status = cli_fail("bench", &err);
+        else if (i >= 0) tps[i] = a->n / (ms * 1e-3);
+    }
+    note_memory(r);
+    if (status == 0) {
+        char test[32];
+        tg_name(a, test, sizeof test);
+        add_row(r, test, variant, tps, a->reps, mean_decode_bytes(&r->tb, a->depth, a->n));
+        int distinct = 0; /* the greedy text is not one token repeated: the step really ran */
+        for (int i = 1; i < a->n; i++) distinct += out[i] != out[0];
+        if (first)
+            snprintf(r->note, sizeof r->note, "Greedy tokens of the last tg run: %d %d %d %d ... (%d of %d differ from the first).",
+                     out[0], a->n > 1 ? out[1] : -1, a->n > 2 ? out[2] : -1, a->n > 3 ? out[3] : -1, distinct, a->n);
+    }
+    free(out);
+    return status;
+}
+
+/* The stage profile at a filled cache (--profile). */
+static int bench_cuda_profile(cuda_model *g, const bench_args *a, report *r, const int32_t *prompt) {
+    moe_error err = {0};
+    cuda_options o = {false, false};
+    cuda_state *s = NULL;
+    int status = 0;
+    if (cuda_state_new(g, a->profile_pos + 8, &o, &s, &err) != MOE_OK) return cli_fail("bench", &err);
+    note_state(r, s);
+    if ((a->profile_pos > 0 && cuda_decode_greedy(s, prompt[0], 0, a->profile_pos, NULL, NULL, &err) != MOE_OK) ||
+        cuda_profile_step(s, prompt[0], a->profile_pos, a->profile_reps, &r->prof, &err) != MOE_OK)
+        status = cli_fail("bench", &err);
+    else
+        r->have_prof = true;
+    note_memory(r);
+    cuda_state_free(s);
+    return status;
+}
+
 static int bench_cuda(const model *m, const bench_args *a, report *r, const int32_t *prompt) {
     moe_error err = {0};
     double gbps[16];
@@ -257,17 +364,21 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
     r->ceiling = stats(gbps, 10);
     r->ceiling_gbps = r->ceiling.median;
     r->bw_gib = a->bw_gib;
+    size_t used = 0, total = 0;
+    if (cuda_memory_info(&used, &total, &err) != MOE_OK) return cli_fail("bench", &err);
+    r->base_used_gb = used / 1e9;
     cuda_model *g = NULL;
     double t0 = now();
     if (cuda_model_new(m, &g, &err) != MOE_OK) return cli_fail("bench", &err);
     r->upload_s = now() - t0;
     snprintf(r->backend, sizeof r->backend, "CUDA (%s)", cuda_model_device_name(g));
     r->weights_gb = cuda_model_bytes(g) / 1e9;
-    int n_ctx = (a->p > a->n ? a->p : a->n) + 8;
+    note_memory(r);
+    const int n_ctx = (a->p > a->depth + a->n ? a->p : a->depth + a->n) + 8;
     const struct {
         const char *name;
         cuda_options o;
-    } variants[] = {{"graph+PDL", {true, true}}, {"graph", {true, false}}, {"no graph", {false, false}}};
+    } variants[] = {{"(graph+PDL)", {true, true}}, {"(graph)", {true, false}}, {"(no graph)", {false, false}}};
     int status = 0;
     for (size_t v = 0; v < sizeof variants / sizeof variants[0] && status == 0; v++) {
         cuda_state *s = NULL;
@@ -275,55 +386,12 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
             status = cli_fail("bench", &err);
             break;
         }
-        r->state_gb = cuda_state_bytes(s) / 1e9;
-        double tps[MAX_REPS];
-        float ms = 0;
-        int32_t *out = malloc((size_t)a->n * sizeof *out);
-        if (v == 0 && a->p > 0) { /* prefill: once for each variant would triple the run; the default only */
-            for (int i = -1; i < a->reps && status == 0; i++) {
-                if (cuda_prefill_timed(s, prompt, a->p, &ms, &err) != MOE_OK) status = cli_fail("bench", &err);
-                else if (i >= 0) tps[i] = a->p / (ms * 1e-3);
-            }
-            if (status == 0) {
-                row *w = &r->rows[r->n_rows++];
-                snprintf(w->test, sizeof w->test, "pp%d", a->p);
-                snprintf(w->variant, sizeof w->variant, "(token by token)");
-                w->tps = stats(tps, a->reps);
-                w->bytes = 0;
-            }
-        }
-        for (int i = -1; i < a->reps && status == 0 && a->n > 0; i++) {
-            if (cuda_decode_greedy(s, prompt[0], 0, a->n, out, &ms, &err) != MOE_OK) status = cli_fail("bench", &err);
-            else if (i >= 0) tps[i] = a->n / (ms * 1e-3);
-        }
-        if (status == 0 && a->n > 0) {
-            row *w = &r->rows[r->n_rows++];
-            snprintf(w->test, sizeof w->test, "tg%d", a->n);
-            snprintf(w->variant, sizeof w->variant, "(%s)", variants[v].name);
-            w->tps = stats(tps, a->reps);
-            w->bytes = mean_decode_bytes(&r->tb, 0, a->n);
-            int distinct = 0; /* the greedy text is not one token repeated: the step really ran */
-            for (int i = 1; i < a->n; i++) distinct += out[i] != out[0];
-            if (v == 0)
-                snprintf(r->note, sizeof r->note, "Greedy tokens of the last tg run: %d %d %d %d ... (%d of %d differ from the first).",
-                         out[0], a->n > 1 ? out[1] : -1, a->n > 2 ? out[2] : -1, a->n > 3 ? out[3] : -1, distinct, a->n);
-        }
-        size_t used = 0, total = 0;
-        if (cuda_memory_info(&used, &total, &err) == MOE_OK && used / 1e9 > r->device_used_gb) r->device_used_gb = used / 1e9;
-        free(out);
+        note_state(r, s);
+        if (v == 0 && a->p > 0) status = bench_cuda_pp(s, a, r, prompt); /* default variant only: 3 would triple the run */
+        if (status == 0 && a->n > 0) status = bench_cuda_tg(s, a, r, prompt, variants[v].name, v == 0);
         cuda_state_free(s);
     }
-    if (status == 0 && a->profile_reps > 0) { /* the stage profile at a filled cache */
-        cuda_options o = {false, false};
-        cuda_state *s = NULL;
-        if (cuda_state_new(g, a->profile_pos + 8, &o, &s, &err) != MOE_OK ||
-            (a->profile_pos > 0 && cuda_decode_greedy(s, prompt[0], 0, a->profile_pos, NULL, NULL, &err) != MOE_OK) ||
-            cuda_profile_step(s, prompt[0], a->profile_pos, a->profile_reps, &r->prof, &err) != MOE_OK)
-            status = cli_fail("bench", &err);
-        else
-            r->have_prof = true;
-        cuda_state_free(s);
-    }
+    if (status == 0 && a->profile_reps > 0) status = bench_cuda_profile(g, a, r, prompt);
     cuda_model_free(g);
     return status;
 }
@@ -336,41 +404,51 @@ static int argmax(const float *x, int n) {
     return best;
 }
 
+/* Greedy generation of n tokens at positions from..; tokens per second. */
+static moe_status cpu_generate(cpu_state *s, int32_t tok, int from, int n, int vocab, float *logits, double *tps,
+                               moe_error *err) {
+    double t0 = now();
+    for (int t = from; t < from + n; t++) {
+        moe_status st = cpu_forward(s, &tok, 1, t, logits, false, err);
+        if (st != MOE_OK) return st;
+        tok = argmax(logits, vocab);
+    }
+    *tps = n / (now() - t0);
+    return MOE_OK;
+}
+
 static int bench_cpu(const model *m, const bench_args *a, report *r, const int32_t *prompt) {
     moe_error err = {0};
-    int n_ctx = (a->p > a->n ? a->p : a->n) + 8, vocab = m->config.n_vocab;
+    const int n_ctx = (a->p > a->depth + a->n ? a->p : a->depth + a->n) + 8, vocab = m->config.n_vocab;
+    int batch = a->depth < 512 ? a->depth : 512; /* the depth fill's batch, unless the prompt's is larger */
+    if (a->p > batch) batch = a->p;
     cpu_state *s = NULL;
-    if (cpu_state_new(m, n_ctx, a->p > 0 ? a->p : 1, a->threads, &s, &err) != MOE_OK) return cli_fail("bench", &err);
+    if (cpu_state_new(m, n_ctx, batch > 0 ? batch : 1, a->threads, &s, &err) != MOE_OK) return cli_fail("bench", &err);
     snprintf(r->backend, sizeof r->backend, "CPU");
     float *logits = malloc((size_t)vocab * sizeof *logits);
     double tps[MAX_REPS];
-    int status = 0;
-    if (a->p > 0) {
+    int status = logits ? 0 : cli_fail("bench", &(moe_error){MOE_ERR_NOMEM, "out of memory"});
+    if (status == 0 && a->p > 0) {
         for (int i = -1; i < a->reps && status == 0; i++) {
             double t0 = now();
             if (cpu_forward(s, prompt, a->p, 0, logits, false, &err) != MOE_OK) status = cli_fail("bench", &err);
             else if (i >= 0) tps[i] = a->p / (now() - t0);
         }
-        if (status == 0) {
-            row *w = &r->rows[r->n_rows++];
-            snprintf(w->test, sizeof w->test, "pp%d", a->p);
-            w->tps = stats(tps, a->reps);
-        }
+        char test[32];
+        snprintf(test, sizeof test, "pp%d", a->p);
+        if (status == 0) add_row(r, test, "", tps, a->reps, 0);
     }
+    if (status == 0 && a->n > 0 && a->depth > 0 && cpu_forward(s, prompt, a->depth, 0, NULL, false, &err) != MOE_OK)
+        status = cli_fail("bench", &err);
     for (int i = -1; i < a->reps && status == 0 && a->n > 0; i++) {
-        int32_t tok = prompt[0];
-        double t0 = now();
-        for (int t = 0; t < a->n && status == 0; t++) {
-            if (cpu_forward(s, &tok, 1, t, logits, false, &err) != MOE_OK) status = cli_fail("bench", &err);
-            tok = argmax(logits, vocab);
-        }
-        if (i >= 0) tps[i] = a->n / (now() - t0);
+        double t;
+        if (cpu_generate(s, prompt[0], a->depth, a->n, vocab, logits, &t, &err) != MOE_OK) status = cli_fail("bench", &err);
+        else if (i >= 0) tps[i] = t;
     }
     if (status == 0 && a->n > 0) {
-        row *w = &r->rows[r->n_rows++];
-        snprintf(w->test, sizeof w->test, "tg%d", a->n);
-        w->tps = stats(tps, a->reps);
-        w->bytes = mean_decode_bytes(&r->tb, 0, a->n);
+        char test[32];
+        tg_name(a, test, sizeof test);
+        add_row(r, test, "", tps, a->reps, mean_decode_bytes(&r->tb, a->depth, a->n));
     }
     free(logits);
     cpu_state_free(s);
@@ -380,14 +458,17 @@ static int bench_cpu(const model *m, const bench_args *a, report *r, const int32
 /* ------------------------------------------------------------ the command */
 
 static void print_help(void) {
-    printf("usage: moe bench -m FILE [-p 512] [-n 128] [-r 5] [-o md|json] [--device auto|cpu|cuda]\n\n"
+    printf("usage: moe bench -m FILE [-p 512] [-n 128] [-d 0] [-r 5] [-o md|json] [--device auto|cpu|cuda]\n\n"
            "Prompt processing (ppP) and generation (tgN) speed, llama-bench style, each\n"
            "figure the median of R repetitions after a warm-up with its spread. Decode\n"
            "also shows the bytes a token reads, the GB/s that is, and (on the GPU) that\n"
-           "as a fraction of the read bandwidth measured in the same run.\n\n"
+           "as a fraction of the read bandwidth measured in the same run; on the GPU, the\n"
+           "peak device memory beside the weights, KV cache and activations.\n\n"
            "  -m, --model FILE   the GGUF model\n"
            "  -p, --prompt N     prompt tokens (default 512; 0: skip)\n"
            "  -n, --gen N        generated tokens (default 128; 0: skip)\n"
+           "  -d, --depth D      fill D positions of the KV cache first, then generate after\n"
+           "                     them: tgN @ dD (default 0)\n"
            "  -r, --reps R       repetitions (default 5)\n"
            "  -o, --output F     md (default) or json\n"
            "  --device D         auto (default), cpu or cuda\n"
@@ -408,13 +489,14 @@ int cmd_bench(int argc, char **argv) {
         {"output", required_argument, NULL, 'o'}, {"device", required_argument, NULL, 'D'},
         {"threads", required_argument, NULL, 't'}, {"bw-gib", required_argument, NULL, 'B'},
         {"profile", optional_argument, NULL, 'P'}, {"profile-reps", required_argument, NULL, 'R'},
-        {"help", no_argument, NULL, 'h'},         {NULL, 0, NULL, 0},
+        {"depth", required_argument, NULL, 'd'},  {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     a.path = getenv("MOE_MODEL");
     int c;
     long v;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:n:r:o:h", options, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:p:n:d:r:o:h", options, NULL)) != -1) {
         switch (c) {
         case 'm': a.path = optarg; break;
         case 'p':
@@ -424,6 +506,10 @@ int cmd_bench(int argc, char **argv) {
         case 'n':
             if (!cli_parse_int(optarg, 0, 1 << 20, &v)) return cli_usage_error("bench", "bad -n '%s'", optarg);
             a.n = (int)v;
+            break;
+        case 'd':
+            if (!cli_parse_int(optarg, 0, 1 << 20, &v)) return cli_usage_error("bench", "bad -d '%s'", optarg);
+            a.depth = (int)v;
             break;
         case 'r':
             if (!cli_parse_int(optarg, 1, MAX_REPS, &v)) return cli_usage_error("bench", "-r wants 1..%d", MAX_REPS);
@@ -467,12 +553,14 @@ int cmd_bench(int argc, char **argv) {
     if (profile) a.profile_reps = profile_reps;
     if (!a.path) return cli_usage_error("bench", "no model: pass -m FILE");
     if (a.p == 0 && a.n == 0) return cli_usage_error("bench", "nothing to measure: -p and -n are both 0");
+    if (a.depth > 0 && a.n == 0) return cli_usage_error("bench", "-d fills the cache for the tg test, but -n is 0");
     moe_error err = {0};
     model *m = NULL;
     if (model_load(a.path, &m, &err) != MOE_OK) return cli_fail("bench", &err);
     report *r = calloc(1, sizeof *r);
-    int32_t *prompt = malloc((size_t)(a.p > 1 ? a.p : 1) * sizeof *prompt);
-    random_tokens(prompt, a.p > 1 ? a.p : 1, m->config.n_vocab, 42);
+    const int n_prompt = a.p > a.depth ? (a.p > 1 ? a.p : 1) : (a.depth > 1 ? a.depth : 1); /* pp, and the depth fill */
+    int32_t *prompt = malloc((size_t)n_prompt * sizeof *prompt);
+    random_tokens(prompt, n_prompt, m->config.n_vocab, 42);
     r->tb = count_bytes(m);
     gguf_str name = {0, NULL};
     if (gguf_get_str(m->file, "general.name", &name, NULL) == MOE_OK)

@@ -24,6 +24,7 @@ static const command commands[] = {
     {"convert", cmd_convert, "convert a Hugging Face checkpoint (safetensors) to GGUF"},
     {"synth", cmd_synth, "write a model with random weights at real shapes"},
     {"bench", cmd_bench, "prompt and generation speed beside the measured ceilings"},
+    {"lab", cmd_lab, "the GPU kernels on real shapes beside a pure read of their bytes"},
 };
 
 static void print_usage(FILE *out) {

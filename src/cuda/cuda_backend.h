@@ -65,6 +65,12 @@ size_t cuda_state_bytes(const cuda_state *s); /* device bytes of the KV cache an
 moe_status cuda_forward(cuda_state *s, const int32_t *tokens, int n, int pos, float *logits, bool all_logits,
                         moe_error *err);
 
+/* Whether cuda_forward runs n tokens batched (src/cuda/prefill.cu): this
+ * build has cuBLAS (the simulator's has not), MOE_CUDA_PREFILL is not 0, and
+ * n is large enough to pay for dequantizing the weights (shorter runs are
+ * faster as decode steps). Otherwise they go token by token. */
+bool cuda_prefill_batched(int n);
+
 /* ---- measurement hooks (moe bench, tests) */
 
 /* Feed `token` at `pos`, then decode n tokens greedily on the device: each
@@ -73,8 +79,9 @@ moe_status cuda_forward(cuda_state *s, const int32_t *tokens, int n, int pos, fl
  * events), the first step included. */
 moe_status cuda_decode_greedy(cuda_state *s, int32_t token, int pos, int n, int32_t *out, float *ms, moe_error *err);
 
-/* tokens[0..n) at positions 0..n-1 one step at a time (the prefill of this
- * milestone), timed with CUDA events; no logits come back. */
+/* tokens[0..n) at positions 0..n-1 as cuda_forward runs them (batched for
+ * n > 1 where the build has cuBLAS), timed with CUDA events; no logits
+ * come back. */
 moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float *ms, moe_error *err);
 
 /* Stage profile of one decode step (moe bench --profile): the step is
@@ -123,6 +130,65 @@ moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, i
                              const void *gate, const void *up, const void *down, const int32_t *ids,
                              const float *weights, const float *x, const float *y0, float *h, float *y,
                              moe_error *err);
+
+/* The prefill's dequantization: n_pick matrices of a slab of n_experts
+ * (rows x cols each, GGUF layout, contiguous), experts[i] or i when
+ * experts is NULL, to out as row-major f32 or bf16 bits, rows * cols
+ * elements apart. */
+moe_status cuda_test_dequant(moe_type type, int n_experts, int rows, int cols, const void *w, const int32_t *experts,
+                             int n_pick, bool bf16, void *out, moe_error *err);
+
+/* One layer of the prefill's attention: n_tokens new tokens at positions
+ * pos.. with their q|k|v projections (n_tokens x (q_dim + 2 kv_dim)). */
+typedef struct cuda_test_attention {
+    int n_tokens, pos, n_ctx;
+    int n_heads, n_kv_heads, head_dim, n_rot;
+    bool neox;
+    qk_norm_kind qk_norm;
+    float eps, rope_base, freq_scale;
+    const float *rope_freqs;      /* n_rot / 2, or NULL */
+    const float *q_norm, *k_norm; /* head_dim (per head) or q_dim / kv_dim (full), or NULL */
+    const float *bq, *bk, *bv;    /* or NULL */
+    const float *qkv;
+} cuda_test_attention;
+
+/* k_cache, v_cache: (n_ctx, kv_dim), positions < pos read, the new ones
+ * written back (positions past them come back poisoned: never read nor
+ * written); out: (n_tokens, q_dim). */
+moe_status cuda_test_prefill_attention(const cuda_test_attention *a, float *k_cache, float *v_cache, float *out,
+                                       moe_error *err);
+
+/* ---- the kernel lab (moe lab; lab.cu): the decode kernels on device
+ * copies of weights given in GGUF layout, each beside a pure read of the
+ * same bytes walked the same way; medians of `reps` timed batches. */
+
+enum { CUDA_LAB_MAX_REPS = 1000 };
+
+typedef struct cuda_lab_timing {
+    double us, read_us; /* per launch: the production kernel, the pure read */
+    double bytes;       /* weight bytes one launch reads */
+    int grid, lanes;    /* the production launch: blocks, lanes per row */
+    int occupancy, read_occupancy; /* blocks per SM: the kernel's, the pure read's */
+    int depth;          /* the pure read's 16-byte loads in flight per lane */
+    int copies, batch;  /* weight copies rotated; launches per timed batch */
+} cuda_lab_timing;
+
+typedef struct cuda_lab_chain {
+    double plain_us, graph_us, pdl_us; /* per launch: on a stream, one graph, a graph with PDL */
+} cuda_lab_chain;
+
+/* The GPU's name and number of SMs. */
+moe_status cuda_lab_device(char *name, size_t len, int *n_sm, moe_error *err);
+/* gemv_kernel on rows x cols of `type` (GGUF rows at w). */
+moe_status cuda_lab_gemv(moe_type type, int rows, int cols, const void *w, int reps, cuda_lab_timing *out,
+                         moe_error *err);
+/* ffn_up (k experts of gate and up, n_ff x n_embd) and ffn_down (n_embd x
+ * n_ff) by ids that change every launch; slabs as in cuda_test_experts. */
+moe_status cuda_lab_experts(moe_type type, int n_experts, int k, int n_ff, int n_embd, const void *gate, const void *up,
+                            const void *down, int reps, cuda_lab_timing *up_out, cuda_lab_timing *down_out,
+                            moe_error *err);
+/* A chain of `launches` dependent kernels of blocks x threads. */
+moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps, cuda_lab_chain *out, moe_error *err);
 
 #else /* no CUDA in this build */
 

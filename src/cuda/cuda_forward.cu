@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "cuda/kernels.cuh"
+#include "cuda/prefill.h"
 
 extern "C" {
 #include "cuda/cuda_backend.h"
@@ -308,6 +309,7 @@ moe_status cuda_forward(cuda_state *s, const int32_t *tokens, int n, int pos, fl
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= vocab)
             return moe_error_set(err, MOE_ERR_RANGE, "token id %d is outside the vocabulary of %d", tokens[i], vocab);
+    if (cuda_prefill_batched(n)) return cuda_prefill(s, tokens, n, pos, logits, all_logits, err);
     moe_status st = MOE_OK;
     for (int i = 0; i < n && st == MOE_OK; i++) {
         if ((st = set_step(s, tokens[i], pos + i, err)) != MOE_OK || (st = run_step(s, err)) != MOE_OK) break;
@@ -339,8 +341,10 @@ moe_status cuda_decode_greedy(cuda_state *s, int32_t token, int pos, int n, int3
 moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float *ms, moe_error *err) {
     if (n <= 0 || n > s->n_ctx) return moe_error_set(err, MOE_ERR_RANGE, "%d prompt tokens do not fit in %d", n, s->n_ctx);
     moe_status st = MOE_OK;
+    const bool batched = cuda_prefill_batched(n);
     CUDA_CHECK(cudaEventRecord(s->ev[0], s->stream));
-    for (int i = 0; i < n && st == MOE_OK; i++)
+    if (batched) st = cuda_prefill(s, tokens, n, 0, NULL, false, err);
+    for (int i = 0; !batched && i < n && st == MOE_OK; i++)
         if ((st = set_step(s, tokens[i], i, err)) == MOE_OK) st = run_step(s, err);
     CUDA_CHECK(cudaEventRecord(s->ev[1], s->stream));
     CUDA_CHECK(cudaEventSynchronize(s->ev[1]));
@@ -506,9 +510,10 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         s->n_ff_routed = c->n_ff;
         s->h_len = c->n_ff;
     }
-    /* attention splits: about two blocks per multiprocessor at long contexts (attention.cu) */
+    /* attention splits: one wave of blocks (one per multiprocessor: the
+     * kernel's registers allow no more) at long contexts (attention.cu) */
     const int G = c->n_heads / c->n_kv_heads;
-    s->attn_splits = 2 * g->n_sm / c->n_kv_heads;
+    s->attn_splits = g->n_sm / c->n_kv_heads;
     if (s->attn_splits > 64) s->attn_splits = 64;
     if (s->attn_splits < 1) s->attn_splits = 1;
     if (!cuda_attention_supported(G, c->head_dim, s->attn_splits)) {
@@ -516,7 +521,7 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the GPU attention has no kernel for %d query heads per KV head of %d dimensions",
                              G, c->head_dim);
     }
-    s->attn_smem = cuda_attention_smem(G, c->head_dim, s->attn_splits);
+    s->attn_smem = cuda_attention_smem(G, c->head_dim, c->n_rot, s->attn_splits);
     s->max_grid = g->n_sm * 32;
 
     size_t need = 0, free_b = 0, total_b = 0;
@@ -581,6 +586,7 @@ void cuda_state_free(cuda_state *s) {
     free(s->prof_bytes);
     if (s->ev[0]) cudaEventDestroy(s->ev[0]);
     if (s->ev[1]) cudaEventDestroy(s->ev[1]);
+    cuda_prefill_free(s);
     if (s->stream) cudaStreamDestroy(s->stream);
     if (s->mem) cudaFree(s->mem);
     free(s);

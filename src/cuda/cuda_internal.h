@@ -132,6 +132,9 @@ struct cuda_format {
     void (*embed)(const dmat *, const int *step, float *x, cudaStream_t, bool pdl);
     int (*occupancy)(int kernel, size_t smem); /* 0 gemv, 1 up, 2 down: blocks per SM */
     cudaError_t (*allow_smem)(int bytes);
+    /* Prefill: matrices experts[i] (NULL: i) of a slab, i < n, to plain
+     * row-major f32 or bf16 at out + i * out_stride elements (dequant.cuh). */
+    void (*dequant)(const dmat *m, const int *experts, int n, void *out, int64_t out_stride, bool bf16, cudaStream_t);
 };
 
 /* The format of a weight type; NULL when the CUDA backend has no kernels. */
@@ -254,11 +257,12 @@ struct cuda_state {
     double *prof_bytes;
     int prof_n, prof_cap, prof_pos;
     bool prof_on;
+    struct prefill_scratch *prefill; /* the batched prefill's scratch (prefill.cu), made on first use */
 };
 
 /* Attention (attention.cu). */
 void cuda_attention(const attn_args *a, size_t smem, cudaStream_t st, bool pdl);
-size_t cuda_attention_smem(int G, int hd, int n_splits);
+size_t cuda_attention_smem(int G, int hd, int n_rot, int n_splits);
 bool cuda_attention_supported(int G, int hd, int n_splits);
 void cuda_rope_table(const model_config *c, const float *rope_freqs, int n_ctx, float *out);
 cudaError_t cuda_attention_allow_smem(int bytes);

@@ -119,7 +119,7 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
     float scale = 1.0f;
     if (in.norm) {
         double ss = 0.0;
-        for (int i = tid * 4; i < n; i += nt * 4) {
+                for (int i = tid * 4; i < n; i += nt * 4) {
             float4 v = *(const float4 *)(in.src + i);
             ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
         }
@@ -154,7 +154,7 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
     float *d = (float *)(smem + align16((size_t)n));
     int16_t *s16 = (int16_t *)(smem + align16((size_t)n) + align16((size_t)n / 256 * 4));
     /* A warp takes 256 values, 8 per lane: lane l holds [256 c + 8 l, +8). */
-    for (int c = warp; c * 256 < n; c += nw) {
+        for (int c = warp; c * 256 < n; c += nw) {
         const int base = c * 256 + lane * 8;
         const bool valid = base < n; /* n is a multiple of 32: all 8 or none */
         float v[8];
@@ -226,7 +226,7 @@ template <class F>
 __device__ __forceinline__ float dot_units(const uint8_t *body, const uint8_t *meta, int U, const act_view &a,
                                            int act_off, int L, int sub) {
     float acc = 0.0f;
-    for (int u0 = sub; u0 < U; u0 += L * F::N) {
+        for (int u0 = sub; u0 < U; u0 += L * F::N) {
         typename F::raw r[F::N];
 #pragma unroll
         for (int k = 0; k < F::N; k++)
@@ -246,7 +246,7 @@ __device__ __forceinline__ void dot_units_pair(const uint8_t *body_a, const uint
                                                float *out_a, float *out_b) {
     constexpr int NP = F::N > 1 ? F::N / 2 : 1;
     float acc_a = 0.0f, acc_b = 0.0f;
-    for (int u0 = sub; u0 < U; u0 += L * NP) {
+        for (int u0 = sub; u0 < U; u0 += L * NP) {
         typename F::raw ra[NP], rb[NP];
 #pragma unroll
         for (int k = 0; k < NP; k++)
@@ -273,7 +273,7 @@ __device__ __forceinline__ float dot_terms(const dmat &m, int row, int T, const 
                                            int act_stride, const act_view &a, int L, int sub) {
     const int U = m.units, total = T * U;
     float acc = 0.0f;
-    for (int t0 = sub; t0 < total; t0 += L * F::N) {
+        for (int t0 = sub; t0 < total; t0 += L * F::N) {
         typename F::raw r[F::N];
 #pragma unroll
         for (int k = 0; k < F::N; k++) {
@@ -348,7 +348,7 @@ __device__ __forceinline__ void route_on_device(const gemv_args &a, float *p) {
     __syncwarp();
     float *chosen_w = p + ((n + 3) & ~3); /* k floats, then k ints */
     int *chosen_id = (int *)(chosen_w + MAX_EXPERTS_USED);
-    for (int j = 0; j < a.k; j++) {
+        for (int j = 0; j < a.k; j++) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
         for (int i = lane; i < n; i += 32)
@@ -380,7 +380,7 @@ __device__ __forceinline__ void route_on_device(const gemv_args &a, float *p) {
     if (lane == 0) {
         float sum = 0.0f;
         for (int j = 0; j < a.k; j++) sum += chosen_w[j];
-        for (int j = 0; j < a.k; j++) {
+            for (int j = 0; j < a.k; j++) {
             float w = chosen_w[j];
             if (a.norm_topk) w /= sum;
             a.route_w[j] = w * a.w_scale;
@@ -389,7 +389,11 @@ __device__ __forceinline__ void route_on_device(const gemv_args &a, float *p) {
     }
 }
 
-template <class F>
+/* EPI is the launch's epilogue (EPI_NONE, EPI_ROUTER, EPI_ARGMAX), a
+ * template parameter so that the plain products carry no routing or argmax
+ * code: a kernel's code is fetched from memory at every layer (the weights
+ * stream through L2), and small code starts sooner. */
+template <class F, int EPI>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     DYN_SMEM(uint8_t, smem);
     const int L = a.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -407,7 +411,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     float best = -INFINITY;
     int best_row = 0x7fffffff;
-    for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
+        for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
         const int row = base + grp;
         const bool valid = row < total;
         int s = 0;
@@ -428,9 +432,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
             if (acc > best || (acc == best && r < best_row)) best = acc, best_row = r;
         }
     }
-    if (a.epilogue == EPI_NONE) return;
+    if (EPI == EPI_NONE) return;
     int *flag = (int *)smem;
-    if (a.epilogue == EPI_ROUTER) {
+    if (EPI == EPI_ROUTER) {
         if (last_block(a.counter, gridDim.x, flag)) route_on_device(a, (float *)(smem + 16));
         return;
     }
@@ -487,7 +491,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     pdl_launch_dependents();
     stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
-    for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
+        for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
         const int row = base + grp;
         const bool valid = row < total;
         float g = 0.0f, u = 0.0f;
@@ -536,7 +540,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
     stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
-    for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
+        for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
         const int row = base + grp;
         const bool valid = row < total;
         float acc = 0.0f;
@@ -567,11 +571,19 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
 
 /* ---------------------------------------------------------------- instantiation */
 
+#include "cuda/dequant.cuh"
+
 /* Everything a family file provides for its format F: the kernels and the
- * table entry cuda_formats[] points at (cuda_model.cu). */
+ * table entry cuda_formats[] points at (cuda_model.cu); the prefill's
+ * dequantization comes from dequant.cuh. */
 #define DEFINE_CUDA_FORMAT(F, ident)                                                                             \
     static void ident##_gemv(const gemv_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {            \
-        LAUNCH_PDL(pdl, gemv_kernel<F>, grid, GEMV_THREADS, smem, st, *a);                                     \
+        if (a->epilogue == EPI_ROUTER)                                                                         \
+            LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_ROUTER>), grid, GEMV_THREADS, smem, st, *a);                   \
+        else if (a->epilogue == EPI_ARGMAX)                                                                    \
+            LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_ARGMAX>), grid, GEMV_THREADS, smem, st, *a);                   \
+        else                                                                                                   \
+            LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_NONE>), grid, GEMV_THREADS, smem, st, *a);                     \
     }                                                                                                          \
     static void ident##_up(const ffn_up_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {            \
         LAUNCH_PDL(pdl, ffn_up_kernel<F>, grid, GEMV_THREADS, smem, st, *a);                                   \
@@ -585,13 +597,17 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
     }                                                                                                          \
     static int ident##_occupancy(int kernel, size_t smem) {                                                    \
         int n = 0;                                                                                             \
-        cudaError_t e = kernel == 0   ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<F>, GEMV_THREADS, smem) \
+        cudaError_t e = kernel == 0   ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<F, EPI_ROUTER>, GEMV_THREADS, smem) \
                         : kernel == 1 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ffn_up_kernel<F>, GEMV_THREADS, smem) \
                                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ffn_down_kernel<F>, GEMV_THREADS, smem); \
         return e == cudaSuccess && n > 0 ? n : 1;                                                              \
     }                                                                                                          \
     static cudaError_t ident##_allow_smem(int bytes) {                                                         \
-        cudaError_t e = cudaFuncSetAttribute(gemv_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
+        cudaError_t e = cudaFuncSetAttribute(gemv_kernel<F, EPI_NONE>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
+        if (e == cudaSuccess)                                                                                  \
+            e = cudaFuncSetAttribute(gemv_kernel<F, EPI_ROUTER>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
+        if (e == cudaSuccess)                                                                                  \
+            e = cudaFuncSetAttribute(gemv_kernel<F, EPI_ARGMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
         if (e == cudaSuccess)                                                                                  \
             e = cudaFuncSetAttribute(ffn_up_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);   \
         if (e == cudaSuccess)                                                                                  \
@@ -600,6 +616,7 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
     }                                                                                                          \
     extern const cuda_format cuda_format_##ident = {                                                           \
         F::TYPE, #ident, F::BLOCK, F::BODY, F::META, F::UNITS, F::ACT, F::N, F::repack,                        \
-        ident##_gemv, ident##_up, ident##_down, ident##_embed, ident##_occupancy, ident##_allow_smem};
+        ident##_gemv, ident##_up, ident##_down, ident##_embed, ident##_occupancy, ident##_allow_smem,           \
+        launch_dequant<F>};
 
 #endif

@@ -1,0 +1,725 @@
+/*
+ * lab.cu — the kernel lab behind `moe lab`: the decode step's matrix
+ * kernels timed on real shapes beside a pure read of the very same bytes,
+ * and the cost of a chain of dependent launches.
+ *
+ * Why: a kernel's GB/s alone does not say what holds it back. The
+ * pure-read kernels here walk a matrix the way the production kernel does
+ * (the same grid of 256-thread blocks, the same lanes per row and rows per
+ * warp, the same row loop, 16-byte loads of every body chunk of the rows it
+ * visits, each with its block's meta where the format has one, at least as
+ * many loads in flight per lane) but only XOR-fold what they load. The gap
+ * between the two is the kernel's own cost (activation staging, arithmetic,
+ * reductions); the gap between the read and the large-buffer bandwidth is
+ * what the shape and the walk cost.
+ *
+ * Measuring DRAM, not L2: the weights are uploaded once through upload_rows
+ * (the model's path, so the device layout is the production one) and copied
+ * on the device until the copies hold at least LAB_SET_BYTES (4 x 60 MB;
+ * the H200's L2 is 50 MB); launch i uses copy i mod copies. A timed run is
+ * a batch of launches back to back on one stream between two CUDA events,
+ * divided by the launches, so a launch's time includes the gap between
+ * kernels that a decode step without PDL pays. Expert ids change every
+ * launch (consecutive slices of shuffled permutations: distinct within a
+ * launch, and no expert repeats in the launches just before) and are read
+ * by the kernels from device memory.
+ *
+ * The launch chain: N launches of a kernel that reads what the previous
+ * launch wrote, plain on a stream, replayed as one graph, and with
+ * programmatic dependent launch inside a graph; the last value written
+ * proves the chain ran in order.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <type_traits>
+
+#include "cuda/kernels.cuh"
+
+extern "C" {
+#include "cuda/cuda_backend.h"
+#include "quant/quant.h"
+}
+
+enum { LAB_MIN_BATCH = 8, LAB_MAX_ALLOCS = 8 };
+enum { KERNEL_GEMV, KERNEL_UP, KERNEL_DOWN }; /* as cuda_format.occupancy numbers them */
+static const double LAB_SET_BYTES = 240e6;     /* 4 x 60 MB of copies: four times an H200's L2, and then some */
+static const unsigned LAB_SENTINEL = 0x2545f491u; /* what a fold is never expected to equal */
+
+/* ---------------------------------------------------------------- pure reads */
+
+/* How a pure read walks a matrix: the production launch's lanes per row,
+ * the 16-byte loads a lane keeps in flight (per matrix, for gate and up),
+ * and the block geometry that maps a body chunk to its block's meta. */
+struct read_plan {
+    int lanes, depth;
+    int chunks;     /* 16-byte body chunks of a row */
+    int block_body; /* body bytes of a block */
+    int meta;       /* meta bytes of a block: 0, 2 or 8 */
+    unsigned *sink;
+};
+
+struct chunk {
+    uint4 q;
+    unsigned meta;
+};
+
+/* Chunk c of a row and, as the production loads do per unit, its block's
+ * meta (at meta_off in the row's meta). */
+__device__ __forceinline__ chunk load_chunk(const uint8_t *body_row, const uint8_t *meta_row, int c, int meta_off,
+                                            const read_plan &p) {
+    chunk k;
+    k.q = ldg16(body_row + 16 * c);
+    k.meta = 0;
+    if (p.meta == 8) {
+        const uint2 v = ldg8(meta_row + meta_off);
+        k.meta = v.x ^ v.y;
+    } else if (p.meta) {
+        k.meta = ldg_u16(meta_row + meta_off);
+    }
+    return k;
+}
+
+__device__ __forceinline__ int meta_offset(int c, const read_plan &p) { return 16 * c / p.block_body * p.meta; }
+
+__device__ __forceinline__ unsigned fold(const chunk &k) { return k.q.x ^ k.q.y ^ k.q.z ^ k.q.w ^ k.meta; }
+
+/* What lane `sub` loads of row `row` of T experts (ids[j]; expert 0 when
+ * ids is NULL), flattened into one stream of chunks as dot_terms flattens
+ * units: D loads issued before the first is folded. */
+template <int D>
+__device__ __forceinline__ unsigned fold_terms(const dmat &m, int row, int T, const int *ids, const read_plan &p,
+                                               int sub) {
+    const int C = p.chunks, total = T * C;
+    unsigned acc = 0;
+    for (int t0 = sub; t0 < total; t0 += p.lanes * D) {
+        chunk k[D];
+#pragma unroll
+        for (int i = 0; i < D; i++) {
+            const int t = t0 + i * p.lanes;
+            k[i] = chunk{uint4{0, 0, 0, 0}, 0};
+            if (t < total) {
+                const int j = t / C, e = ids ? ids[j] : 0;
+                const int c = t - j * C;
+                k[i] = load_chunk(m.body + e * m.expert_stride + (int64_t)row * m.row_stride,
+                                  m.meta + e * m.meta_expert_stride + (int64_t)row * m.meta_row_stride, c,
+                                  meta_offset(c, p), p);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < D; i++) acc ^= fold(k[i]);
+    }
+    return acc;
+}
+
+/* The gate and up rows of one FFN row, their loads issued together as
+ * dot_units_pair issues them: D from each. */
+template <int D>
+__device__ __forceinline__ unsigned fold_pair(const uint8_t *gate_body, const uint8_t *gate_meta, const uint8_t *up_body,
+                                              const uint8_t *up_meta, const read_plan &p, int sub) {
+    unsigned acc = 0;
+    for (int c0 = sub; c0 < p.chunks; c0 += p.lanes * D) {
+        chunk g[D], u[D];
+#pragma unroll
+        for (int i = 0; i < D; i++) {
+            const int c = c0 + i * p.lanes;
+            g[i] = u[i] = chunk{uint4{0, 0, 0, 0}, 0};
+            if (c < p.chunks) {
+                const int meta_off = meta_offset(c, p);
+                g[i] = load_chunk(gate_body, gate_meta, c, meta_off, p);
+                u[i] = load_chunk(up_body, up_meta, c, meta_off, p);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < D; i++) acc ^= fold(g[i]) ^ fold(u[i]);
+    }
+    return acc;
+}
+
+/* gemv_kernel's walk over the rows of m, reading only. */
+template <int D>
+__global__ void __launch_bounds__(GEMV_THREADS) read_gemv_kernel(const dmat m, const read_plan p) {
+    const int L = p.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sub = lane & (L - 1), grp = lane / L;
+    unsigned acc = 0;
+    for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < m.rows; base += gridDim.x * GEMV_WARPS * G) {
+        const int row = base + grp;
+        if (row < m.rows) acc ^= fold_terms<D>(m, row, 1, NULL, p, sub);
+    }
+    if (acc == LAB_SENTINEL) *p.sink = acc;
+}
+
+/* ffn_up_kernel's walk: row j * R + r is row r of the gate and up of expert ids[j]. */
+template <int D>
+__global__ void __launch_bounds__(GEMV_THREADS) read_up_kernel(const dmat gate, const dmat up, const int *ids,
+                                                               int n_routed, const read_plan p) {
+    const int L = p.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sub = lane & (L - 1), grp = lane / L;
+    const int R = gate.rows, total = n_routed * R;
+    unsigned acc = 0;
+    for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
+        const int row = base + grp;
+        if (row >= total) continue;
+        const int j = row / R, r = row - j * R, e = ids[j];
+        acc ^= fold_pair<D>(gate.body + e * gate.expert_stride + (int64_t)r * gate.row_stride,
+                         gate.meta + e * gate.meta_expert_stride + (int64_t)r * gate.meta_row_stride,
+                         up.body + e * up.expert_stride + (int64_t)r * up.row_stride,
+                         up.meta + e * up.meta_expert_stride + (int64_t)r * up.meta_row_stride, p, sub);
+    }
+    if (acc == LAB_SENTINEL) *p.sink = acc;
+}
+
+/* ffn_down_kernel's walk: output row r reads row r of the n_routed experts. */
+template <int D>
+__global__ void __launch_bounds__(GEMV_THREADS) read_down_kernel(const dmat down, const int *ids, int n_routed,
+                                                                 const read_plan p) {
+    __shared__ int expert[MAX_EXPERTS_USED];
+    const int L = p.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int sub = lane & (L - 1), grp = lane / L;
+    if ((int)threadIdx.x < n_routed) expert[threadIdx.x] = ids[threadIdx.x];
+    __syncthreads();
+    unsigned acc = 0;
+    for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < down.rows; base += gridDim.x * GEMV_WARPS * G) {
+        const int row = base + grp;
+        if (row < down.rows) acc ^= fold_terms<D>(down, row, n_routed, expert, p, sub);
+    }
+    if (acc == LAB_SENTINEL) *p.sink = acc;
+}
+
+/* Loads in flight per lane: at least the distinct 16-byte chunks of the
+ * `units` units a production lane has in flight (a unit is a block's body /
+ * units bytes), rounded up to 2, 4 or 8, the depths the read kernels are
+ * compiled for (so their registers, and with them their occupancy, follow
+ * the depth instead of the largest one). */
+static read_plan plan_for(const cuda_format *f, const dmat &m, int lanes, int units, unsigned *sink) {
+    read_plan p;
+    p.lanes = lanes;
+    p.chunks = (int)(m.row_stride / 16);
+    p.block_body = f->body;
+    p.meta = f->meta;
+    const int depth = (units * f->body + 16 * f->units - 1) / (16 * f->units);
+    p.depth = depth <= 2 ? 2 : depth <= 4 ? 4 : 8;
+    p.sink = sink;
+    return p;
+}
+
+/* Calls launch(std::integral_constant<int, D>) for the plan's depth D. */
+template <class Launch>
+static void with_depth(const read_plan &p, Launch launch) {
+    if (p.depth == 2) launch(std::integral_constant<int, 2>());
+    else if (p.depth == 4) launch(std::integral_constant<int, 4>());
+    else launch(std::integral_constant<int, 8>());
+}
+
+/* ---------------------------------------------------------------- the lab's device state */
+
+/* What one measurement needs; lab_close releases all of it. */
+struct lab_ctx {
+    int n_sm;
+    cudaStream_t stream;
+    cudaEvent_t start, stop;
+    unsigned *sink;
+    void *allocs[LAB_MAX_ALLOCS];
+    int n_allocs;
+    moe_error *err;
+};
+
+static moe_status lab_alloc(lab_ctx *c, void **p, size_t bytes) {
+    moe_error *err = c->err;
+    if (c->n_allocs == LAB_MAX_ALLOCS) return moe_error_set(err, MOE_ERR_NOMEM, "lab: too many device buffers");
+    CUDA_CHECK(cudaMalloc(p, bytes));
+    c->allocs[c->n_allocs++] = *p;
+    return MOE_OK;
+}
+
+static moe_status lab_open(lab_ctx *c, moe_error *err) {
+    memset(c, 0, sizeof *c);
+    c->err = err;
+    if (!cuda_available()) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA GPU found");
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    c->n_sm = prop.multiProcessorCount;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreate(&c->start));
+    CUDA_CHECK(cudaEventCreate(&c->stop));
+    return lab_alloc(c, (void **)&c->sink, sizeof(unsigned));
+}
+
+static void lab_close(lab_ctx *c) {
+    cudaDeviceSynchronize();
+    for (int i = 0; i < c->n_allocs; i++) cudaFree(c->allocs[i]);
+    if (c->start) cudaEventDestroy(c->start);
+    if (c->stop) cudaEventDestroy(c->stop);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    (void)cudaGetLastError();
+}
+
+static uint64_t lab_rand(uint64_t *s) {
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s;
+}
+
+/* n floats in [-1, 1) uploaded to a new device buffer: the kernels' input. */
+static moe_status upload_input(lab_ctx *c, float **out, int n, uint64_t seed) {
+    moe_error *err = c->err;
+    float *host = (float *)malloc((size_t)n * sizeof(float));
+    if (!host) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) host[i] = (float)((lab_rand(&seed) >> 40) * (2.0 / 16777216.0) - 1.0);
+    moe_status st = lab_alloc(c, (void **)out, (size_t)n * sizeof(float));
+    cudaError_t e = st == MOE_OK ? cudaMemcpy(*out, host, (size_t)n * sizeof(float), cudaMemcpyHostToDevice) : cudaSuccess;
+    free(host);
+    if (st != MOE_OK) return st;
+    CUDA_CHECK(e);
+    return MOE_OK;
+}
+
+/* ---------------------------------------------------------------- weights, in copies */
+
+/* GGUF rows of n_experts matrices back to back (one matrix: n_experts 1). */
+struct host_mat {
+    int type, n_experts;
+    int64_t rows, cols;
+    const uint8_t *data;
+};
+
+/* The copies of everything one upload placed: copy i at base + i * stride. */
+struct weight_copies {
+    uint8_t *base;
+    size_t stride;
+    int n;
+};
+
+/* Launches per timed batch: one round of the copies, and enough to time. */
+static int batch_of(const weight_copies &w) { return w.n > LAB_MIN_BATCH ? w.n : LAB_MIN_BATCH; }
+
+static dmat on_copy(dmat m, const weight_copies &w, int i) {
+    const size_t off = (size_t)i * w.stride;
+    m.body += off;
+    if (m.meta) m.meta += off;
+    return m;
+}
+
+/* One pass of upload_rows over the matrices (dry: only adds up bytes). */
+static moe_status upload_pass(uploader *u, const host_mat *mats, int n, dmat *out) {
+    for (int i = 0; i < n; i++) {
+        const size_t bytes = quant_row_bytes((moe_type)mats[i].type, mats[i].cols) * (size_t)mats[i].rows;
+        const uint8_t **srcs = (const uint8_t **)malloc((size_t)mats[i].n_experts * sizeof *srcs);
+        if (!srcs) return u->status = moe_error_set(u->err, MOE_ERR_NOMEM, "out of memory");
+        for (int e = 0; e < mats[i].n_experts; e++) srcs[e] = mats[i].data + (size_t)e * bytes;
+        moe_status st = upload_rows(u, mats[i].type, mats[i].n_experts, srcs, mats[i].rows, mats[i].cols, "lab", &out[i]);
+        free(srcs);
+        if (st != MOE_OK) return st;
+    }
+    return MOE_OK;
+}
+
+/* Upload the matrices once the model's way, then copy them on the device
+ * until the copies hold LAB_SET_BYTES; out[] describes copy 0. */
+static moe_status upload_copies(lab_ctx *c, const host_mat *mats, int n, dmat *out, weight_copies *w) {
+    moe_error *err = c->err;
+    uploader u;
+    memset(&u, 0, sizeof u);
+    u.err = err;
+    u.dry = true;
+    if (upload_pass(&u, mats, n, out) != MOE_OK) return u.status;
+    w->stride = (u.used + 255) & ~(size_t)255;
+    w->n = (int)ceil(LAB_SET_BYTES / (double)w->stride);
+    if (w->n < 1) w->n = 1;
+    moe_status st = lab_alloc(c, (void **)&w->base, w->stride * w->n);
+    if (st != MOE_OK) return st;
+    u.dry = false;
+    u.used = 0;
+    u.base = w->base;
+    u.staging_bytes = (size_t)64 << 20;
+    u.staging = (uint8_t *)malloc(u.staging_bytes);
+    if (!u.staging) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    st = upload_pass(&u, mats, n, out);
+    free(u.staging);
+    if (st != MOE_OK) return st;
+    for (int i = 1; i < w->n; i++)
+        CUDA_CHECK(cudaMemcpy(w->base + (size_t)i * w->stride, w->base, w->stride, cudaMemcpyDeviceToDevice));
+    return MOE_OK;
+}
+
+static double dmat_bytes(const dmat &m) { return (double)m.rows * (double)(m.row_stride + m.meta_row_stride); }
+
+/* ---------------------------------------------------------------- timing */
+
+/* The production launch's grid, as cuda_forward.cu sizes it: enough blocks
+ * for the rows, at most what the kernel's occupancy fits on the GPU. */
+static int grid_for(const lab_ctx *c, const cuda_format *f, int kernel, size_t smem, int rows, int lanes) {
+    const int per_block = GEMV_WARPS * (32 / lanes), need = (rows + per_block - 1) / per_block;
+    int grid = f->occupancy(kernel, smem) * c->n_sm;
+    if (grid > need) grid = need;
+    if (grid > c->n_sm * 32) grid = c->n_sm * 32;
+    return grid > 0 ? grid : 1;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median_of(double *v, int n) {
+    qsort(v, (size_t)n, sizeof v[0], cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Median microseconds per launch over `reps` batches of `batch` launches,
+ * after one batch of warm-up. launch(i) enqueues launch number i; numbers
+ * run on across batches, so the copy and the ids change every launch. */
+template <class Launch>
+static moe_status time_batches(lab_ctx *c, int batch, int reps, Launch launch, double *median_us) {
+    moe_error *err = c->err;
+    double per[CUDA_LAB_MAX_REPS];
+    int next = 0;
+    for (int r = -1; r < reps; r++) {
+        CUDA_CHECK(cudaEventRecord(c->start, c->stream));
+        for (int i = 0; i < batch; i++) launch(next++);
+        CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaEventRecord(c->stop, c->stream));
+        CUDA_CHECK(cudaEventSynchronize(c->stop));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, c->start, c->stop));
+        if (r >= 0) per[r] = ms * 1e3 / batch;
+    }
+    *median_us = median_of(per, reps);
+    return MOE_OK;
+}
+
+/* Blocks per SM of the pure read of `kernel` at the plan's depth: the
+ * comparison is fair only when it is at least the production kernel's. */
+static int read_occupancy(const read_plan &p, int kernel) {
+    int n = 0;
+    with_depth(p, [&](auto d) {
+        constexpr int D = decltype(d)::value;
+        cudaError_t e = kernel == KERNEL_GEMV ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, read_gemv_kernel<D>, GEMV_THREADS, 0)
+                        : kernel == KERNEL_UP ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, read_up_kernel<D>, GEMV_THREADS, 0)
+                                              : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, read_down_kernel<D>, GEMV_THREADS, 0);
+        if (e != cudaSuccess) n = 0;
+    });
+    return n;
+}
+
+/* The production launch and its pure read, as the record reports them. */
+static void describe(cuda_lab_timing *out, const cuda_format *f, int kernel, size_t smem, int grid, int lanes,
+                     const read_plan &p, const weight_copies &wc, double bytes) {
+    out->bytes = bytes;
+    out->grid = grid;
+    out->lanes = lanes;
+    out->occupancy = f->occupancy(kernel, smem);
+    out->read_occupancy = read_occupancy(p, kernel);
+    out->depth = p.depth;
+    out->copies = wc.n;
+    out->batch = batch_of(wc);
+}
+
+static moe_status check_reps(int reps, moe_error *err) {
+    if (reps < 1 || reps > CUDA_LAB_MAX_REPS)
+        return moe_error_set(err, MOE_ERR_RANGE, "repetitions must be 1..%d, not %d", CUDA_LAB_MAX_REPS, reps);
+    return MOE_OK;
+}
+
+/* ---------------------------------------------------------------- gemv */
+
+static moe_status lab_gemv(lab_ctx *c, const cuda_format *f, int rows, int cols, const void *w, int reps,
+                           cuda_lab_timing *out) {
+    moe_error *err = c->err;
+    const host_mat hm = {f->type, 1, rows, cols, (const uint8_t *)w};
+    dmat m;
+    weight_copies wc;
+    float *x = NULL, *y = NULL;
+    moe_status st = upload_copies(c, &hm, 1, &m, &wc);
+    if (st == MOE_OK) st = upload_input(c, &x, cols, 0x9e3779b97f4a7c15ull);
+    if (st == MOE_OK) st = lab_alloc(c, (void **)&y, (size_t)rows * sizeof(float));
+    if (st != MOE_OK) return st;
+    /* as cuda_forward.cu's gemv(): one segment, no norm, no epilogue */
+    gemv_args a;
+    memset(&a, 0, sizeof a);
+    a.in = act_in{x, NULL, 0.0f, cols};
+    a.seg[0].out = y;
+    a.n_seg = 1;
+    a.seg_end[0] = rows;
+    a.lanes = pick_lanes(m.units, f->n);
+    a.epilogue = EPI_NONE;
+    const size_t smem = gemv_smem(f->act, cols, 0);
+    CUDA_CHECK(cuda_allow_smem_all(smem > 48 * 1024 ? (int)smem : 48 * 1024));
+    const int grid = grid_for(c, f, KERNEL_GEMV, smem, rows, a.lanes);
+    const read_plan p = plan_for(f, m, a.lanes, f->n, c->sink);
+    describe(out, f, KERNEL_GEMV, smem, grid, a.lanes, p, wc, dmat_bytes(m));
+    st = time_batches(c, out->batch, reps, [&](int i) {
+        a.seg[0].w = on_copy(m, wc, i % wc.n);
+        f->gemv(&a, grid, smem, c->stream, false);
+    }, &out->us);
+    if (st != MOE_OK) return st;
+    return time_batches(c, out->batch, reps, [&](int i) {
+        with_depth(p, [&](auto d) {
+            LAUNCH_PDL(false, read_gemv_kernel<decltype(d)::value>, grid, GEMV_THREADS, 0, c->stream,
+                       on_copy(m, wc, i % wc.n), p);
+        });
+    }, &out->read_us);
+}
+
+moe_status cuda_lab_gemv(moe_type type, int rows, int cols, const void *w, int reps, cuda_lab_timing *out,
+                         moe_error *err) {
+    memset(out, 0, sizeof *out);
+    const cuda_format *f = cuda_format_of(type);
+    if (!f) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA kernels for type %d", (int)type);
+    if (check_reps(reps, err) != MOE_OK) return MOE_ERR_RANGE;
+    lab_ctx c;
+    moe_status st = lab_open(&c, err);
+    if (st == MOE_OK) st = lab_gemv(&c, f, rows, cols, w, reps, out);
+    lab_close(&c);
+    return st;
+}
+
+/* ---------------------------------------------------------------- routed experts */
+
+/* Expert ids of n launches, k each: consecutive k-slices of shuffled
+ * permutations of 0..n_experts-1. */
+static void expert_sequence(int *ids, int *perm, int n_launches, int k, int n_experts, uint64_t seed) {
+    const int slices = n_experts / k;
+    int used = slices;
+    for (int i = 0; i < n_experts; i++) perm[i] = i;
+    for (int l = 0; l < n_launches; l++) {
+        if (used == slices) {
+            for (int i = n_experts - 1; i > 0; i--) {
+                int j = (int)(lab_rand(&seed) % (uint64_t)(i + 1)), t = perm[i];
+                perm[i] = perm[j], perm[j] = t;
+            }
+            used = 0;
+        }
+        memcpy(ids + (size_t)l * k, perm + (size_t)used++ * k, (size_t)k * sizeof(int));
+    }
+}
+
+/* Device ids of n_launches launches (see expert_sequence). */
+static moe_status upload_ids(lab_ctx *c, int **out, int n_launches, int k, int n_experts) {
+    moe_error *err = c->err;
+    int *ids = (int *)malloc((size_t)n_launches * k * sizeof(int)), *perm = (int *)malloc((size_t)n_experts * sizeof(int));
+    moe_status st = ids && perm ? lab_alloc(c, (void **)out, (size_t)n_launches * k * sizeof(int))
+                                : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    cudaError_t e = cudaSuccess;
+    if (st == MOE_OK) {
+        expert_sequence(ids, perm, n_launches, k, n_experts, 0x5851f42d4c957f2dull);
+        e = cudaMemcpy(*out, ids, (size_t)n_launches * k * sizeof(int), cudaMemcpyHostToDevice);
+    }
+    free(ids);
+    free(perm);
+    if (st != MOE_OK) return st;
+    CUDA_CHECK(e);
+    return MOE_OK;
+}
+
+/* The routed-expert shape and its device buffers. */
+struct expert_run {
+    const cuda_format *f;
+    int k, n_ff, n_embd, reps;
+    dmat gate, up, down;
+    weight_copies wc;
+    const int *ids; /* k per launch */
+    float *x, *h, *route_w, *residual;
+};
+
+/* ffn_up as cuda_forward.cu's ffn_up() launches it, routed experts only. */
+static moe_status time_up(lab_ctx *c, const expert_run &r, cuda_lab_timing *out) {
+    const cuda_format *f = r.f;
+    ffn_up_args a;
+    memset(&a, 0, sizeof a);
+    a.in = act_in{r.x, NULL, 0.0f, r.n_embd};
+    a.n_routed = r.k;
+    a.h = r.h;
+    a.h_shared_off = r.k * r.n_ff;
+    a.lanes = pick_lanes(r.gate.units, f->n > 1 ? f->n / 2 : 1);
+    const size_t smem = gemv_smem(f->act, r.n_embd, 0);
+    const int grid = grid_for(c, f, KERNEL_UP, smem, r.k * r.n_ff, a.lanes);
+    const read_plan p = plan_for(f, r.gate, a.lanes, f->n > 1 ? f->n / 2 : 1, c->sink);
+    describe(out, f, KERNEL_UP, smem, grid, a.lanes, p, r.wc, r.k * (dmat_bytes(r.gate) + dmat_bytes(r.up)));
+    moe_status st = time_batches(c, out->batch, r.reps, [&](int i) {
+        a.gate = on_copy(r.gate, r.wc, i % r.wc.n);
+        a.up = on_copy(r.up, r.wc, i % r.wc.n);
+        a.ids = r.ids + (size_t)i * r.k;
+        f->up(&a, grid, smem, c->stream, false);
+    }, &out->us);
+    if (st != MOE_OK) return st;
+    const int k = r.k;
+    return time_batches(c, out->batch, r.reps, [&](int i) {
+        with_depth(p, [&](auto d) {
+            LAUNCH_PDL(false, read_up_kernel<decltype(d)::value>, grid, GEMV_THREADS, 0, c->stream,
+                       on_copy(r.gate, r.wc, i % r.wc.n), on_copy(r.up, r.wc, i % r.wc.n), r.ids + (size_t)i * k, k, p);
+        });
+    }, &out->read_us);
+}
+
+/* ffn_down as cuda_forward.cu's ffn_down() launches it, routed experts only. */
+static moe_status time_down(lab_ctx *c, const expert_run &r, cuda_lab_timing *out) {
+    const cuda_format *f = r.f;
+    ffn_down_args a;
+    memset(&a, 0, sizeof a);
+    a.in = act_in{r.h, NULL, 0.0f, r.k * r.n_ff};
+    a.n_routed = r.k;
+    a.route_w = r.route_w;
+    a.routed_act_stride = r.n_ff;
+    a.x = r.residual;
+    a.lanes = pick_lanes(r.k * r.down.units, f->n);
+    const size_t smem = gemv_smem(f->act, r.k * r.n_ff, 0);
+    const int grid = grid_for(c, f, KERNEL_DOWN, smem, r.n_embd, a.lanes);
+    const read_plan p = plan_for(f, r.down, a.lanes, f->n, c->sink);
+    describe(out, f, KERNEL_DOWN, smem, grid, a.lanes, p, r.wc, r.k * dmat_bytes(r.down));
+    moe_status st = time_batches(c, out->batch, r.reps, [&](int i) {
+        a.down = on_copy(r.down, r.wc, i % r.wc.n);
+        a.ids = r.ids + (size_t)i * r.k;
+        f->down(&a, grid, smem, c->stream, false);
+    }, &out->us);
+    if (st != MOE_OK) return st;
+    const int k = r.k;
+    return time_batches(c, out->batch, r.reps, [&](int i) {
+        with_depth(p, [&](auto d) {
+            LAUNCH_PDL(false, read_down_kernel<decltype(d)::value>, grid, GEMV_THREADS, 0, c->stream,
+                       on_copy(r.down, r.wc, i % r.wc.n), r.ids + (size_t)i * k, k, p);
+        });
+    }, &out->read_us);
+}
+
+static moe_status lab_experts(lab_ctx *c, expert_run *r, int n_experts, const void *gate, const void *up,
+                              const void *down, cuda_lab_timing *up_out, cuda_lab_timing *down_out) {
+    moe_error *err = c->err;
+    const int t = r->f->type;
+    const host_mat mats[3] = {{t, n_experts, r->n_ff, r->n_embd, (const uint8_t *)gate},
+                              {t, n_experts, r->n_ff, r->n_embd, (const uint8_t *)up},
+                              {t, n_experts, r->n_embd, r->n_ff, (const uint8_t *)down}};
+    dmat m[3];
+    int *ids = NULL;
+    moe_status st = upload_copies(c, mats, 3, m, &r->wc);
+    if (st != MOE_OK) return st;
+    r->gate = m[0], r->up = m[1], r->down = m[2];
+    if ((st = upload_ids(c, &ids, (r->reps + 1) * batch_of(r->wc), r->k, n_experts)) != MOE_OK) return st;
+    r->ids = ids;
+    if ((st = upload_input(c, &r->x, r->n_embd, 0x2545f4914f6cdd1dull)) != MOE_OK ||
+        (st = upload_input(c, &r->route_w, r->k, 0xda942042e4dd58b5ull)) != MOE_OK ||
+        (st = lab_alloc(c, (void **)&r->h, (size_t)r->k * r->n_ff * sizeof(float))) != MOE_OK ||
+        (st = lab_alloc(c, (void **)&r->residual, (size_t)r->n_embd * sizeof(float))) != MOE_OK)
+        return st;
+    CUDA_CHECK(cudaMemset(r->residual, 0, (size_t)r->n_embd * sizeof(float)));
+    const size_t smem = gemv_smem(r->f->act, r->k * r->n_ff > r->n_embd ? r->k * r->n_ff : r->n_embd, 0);
+    CUDA_CHECK(cuda_allow_smem_all(smem > 48 * 1024 ? (int)smem : 48 * 1024));
+    if ((st = time_up(c, *r, up_out)) != MOE_OK) return st; /* also leaves h finite for down */
+    return time_down(c, *r, down_out);
+}
+
+moe_status cuda_lab_experts(moe_type type, int n_experts, int k, int n_ff, int n_embd, const void *gate, const void *up,
+                            const void *down, int reps, cuda_lab_timing *up_out, cuda_lab_timing *down_out,
+                            moe_error *err) {
+    memset(up_out, 0, sizeof *up_out);
+    memset(down_out, 0, sizeof *down_out);
+    const cuda_format *f = cuda_format_of(type);
+    if (!f) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA kernels for type %d", (int)type);
+    if (check_reps(reps, err) != MOE_OK) return MOE_ERR_RANGE;
+    if (k < 1 || k > MAX_EXPERTS_USED || k > n_experts)
+        return moe_error_set(err, MOE_ERR_RANGE, "%d experts a token of %d (at most %d)", k, n_experts, MAX_EXPERTS_USED);
+    expert_run r;
+    memset(&r, 0, sizeof r);
+    r.f = f, r.k = k, r.n_ff = n_ff, r.n_embd = n_embd, r.reps = reps;
+    lab_ctx c;
+    moe_status st = lab_open(&c, err);
+    if (st == MOE_OK) st = lab_experts(&c, &r, n_experts, gate, up, down, up_out, down_out);
+    lab_close(&c);
+    return st;
+}
+
+/* ---------------------------------------------------------------- launch chains */
+
+/* One link: reads what the previous link wrote (cells[from]) and writes
+ * the next value to cells[from ^ 1]. Every thread reads; one writes. */
+__global__ void chain_kernel(int *cells, int from) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int v = __ldcg(cells + from);
+    if (blockIdx.x == 0 && threadIdx.x == 0) cells[from ^ 1] = v + 1;
+    else if (v < 0) cells[2] = v; /* never (the values count up from 0): keeps every thread's read */
+}
+
+static void enqueue_chain(const lab_ctx *c, int *cells, int launches, int blocks, int threads, bool pdl) {
+    for (int i = 0; i < launches; i++) {
+        if (pdl) {
+            LAUNCH_PDL(true, chain_kernel, blocks, threads, 0, c->stream, cells, i & 1);
+        } else {
+            LAUNCH(chain_kernel, blocks, threads, 0, c->stream, cells, i & 1);
+        }
+    }
+}
+
+enum { CHAIN_PLAIN, CHAIN_GRAPH, CHAIN_GRAPH_PDL };
+
+/* Median microseconds per launch of the chain, launched plainly (exec
+ * NULL) or as the graph exec, over reps runs after a warm-up; the chain's
+ * last value must be its length. */
+static moe_status run_chain(lab_ctx *c, int *cells, cudaGraphExec_t exec, int launches, int blocks, int threads,
+                            int reps, double *us) {
+    moe_error *err = c->err;
+    double per[CUDA_LAB_MAX_REPS];
+    for (int r = -1; r < reps; r++) {
+        CUDA_CHECK(cudaMemsetAsync(cells, 0, 3 * sizeof(int), c->stream));
+        CUDA_CHECK(cudaEventRecord(c->start, c->stream));
+        if (exec) CUDA_CHECK(cudaGraphLaunch(exec, c->stream));
+        else enqueue_chain(c, cells, launches, blocks, threads, false);
+        CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaEventRecord(c->stop, c->stream));
+        CUDA_CHECK(cudaEventSynchronize(c->stop));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, c->start, c->stop));
+        if (r >= 0) per[r] = ms * 1e3 / launches;
+    }
+    *us = median_of(per, reps);
+    int last = -1;
+    CUDA_CHECK(cudaMemcpy(&last, cells + (launches & 1), sizeof last, cudaMemcpyDeviceToHost));
+    if (last != launches)
+        return moe_error_set(err, MOE_ERR_IO, "the chain of %d launches (%d x %d threads) ended at %d", launches, blocks,
+                             threads, last);
+    return MOE_OK;
+}
+
+static moe_status time_chain(lab_ctx *c, int *cells, int how, int launches, int blocks, int threads, int reps,
+                             double *us) {
+    moe_error *err = c->err;
+    if (how == CHAIN_PLAIN) return run_chain(c, cells, NULL, launches, blocks, threads, reps, us);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    enqueue_chain(c, cells, launches, blocks, threads, how == CHAIN_GRAPH_PDL);
+    CUDA_CHECK(cudaStreamEndCapture(c->stream, &graph));
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(e);
+    moe_status st = run_chain(c, cells, exec, launches, blocks, threads, reps, us);
+    cudaGraphExecDestroy(exec);
+    return st;
+}
+
+moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps, cuda_lab_chain *out, moe_error *err) {
+    memset(out, 0, sizeof *out);
+    if (check_reps(reps, err) != MOE_OK) return MOE_ERR_RANGE;
+    if (launches < 1 || blocks < 1 || threads < 32 || threads > 1024 || threads % 32)
+        return moe_error_set(err, MOE_ERR_RANGE, "a chain of %d launches of %d x %d threads", launches, blocks, threads);
+    lab_ctx c;
+    int *cells = NULL;
+    moe_status st = lab_open(&c, err);
+    if (st == MOE_OK) st = lab_alloc(&c, (void **)&cells, 3 * sizeof(int));
+    if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_PLAIN, launches, blocks, threads, reps, &out->plain_us);
+    if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_GRAPH, launches, blocks, threads, reps, &out->graph_us);
+    if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_GRAPH_PDL, launches, blocks, threads, reps, &out->pdl_us);
+    lab_close(&c);
+    return st;
+}
+
+/* ---------------------------------------------------------------- the device */
+
+moe_status cuda_lab_device(char *name, size_t len, int *n_sm, moe_error *err) {
+    if (!cuda_available()) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA GPU found");
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    snprintf(name, len, "%s", prop.name);
+    *n_sm = prop.multiProcessorCount;
+    return MOE_OK;
+}

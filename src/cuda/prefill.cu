@@ -1,0 +1,857 @@
+/*
+ * prefill.cu — a prompt on the GPU in chunks of up to PREFILL_CHUNK tokens
+ * that go through each layer together, every matrix product a tensor-core
+ * GEMM (cuBLAS: bf16 operands, f32 accumulation and output), instead of
+ * one decode step per token. Per chunk of T tokens:
+ *
+ *   embedding rows (dequantized, f32)                    x (T, n_embd)
+ *   per layer:
+ *     RMSNorm -> bf16                                     norm_kernel
+ *     q|k|v = W xn                                        one GEMM
+ *     bias, q/k norm, RoPE, k and v into the cache        qk_prepare_kernel
+ *     causal attention over the cache (GQA)               attention_kernel
+ *     x += Wo att                                         GEMM onto x
+ *     RMSNorm; a dense SwiGLU FFN, or:
+ *       router logits (f32 GEMM), softmax|sigmoid, top-k  route_kernel
+ *       the (token, slot) pairs grouped by expert         on the host
+ *       per expert: gate|up GEMM, SwiGLU, down GEMM       over its tokens
+ *       x += sum_j w_j out_j                              scatter_kernel
+ *       the shared expert (sigmoid-gated), as dense
+ *   output head on the positions asked for                the decode's gemv
+ *
+ * Weights stay quantized in memory: each matrix (or the experts of a
+ * batch) is dequantized to bf16 into one reusable scratch just before its
+ * GEMM (the format table's dequant, dequant.cuh), which costs a read of
+ * the quantized weights and a write and read of bf16 per chunk, small
+ * next to the GEMMs' work from T >= 64 on. Experts are dequantized only
+ * when some token of the chunk chose them. That cost is why runs of fewer
+ * than PREFILL_MIN_TOKENS tokens stay with the decode step: on
+ * Qwen3-30B-A3B shapes a decode step takes ~4 ms (bench/results), while
+ * the ~50 experts per layer that 8 tokens choose mean ~50 GB of
+ * dequantization traffic (~15 ms) and ~5000 small GEMM calls; the
+ * crossover is estimated (not measured) near 8-12 tokens.
+ *
+ * Grouping by expert needs the routing on the host (each expert's GEMM
+ * has its token count as a dimension): one copy and one stream sync per
+ * MoE layer.
+ *
+ * Precision: the residual stream, the KV cache (f32, the layout the decode
+ * step reads), norms, RoPE, attention, router logits and routing weights
+ * are f32 as on the CPU; only GEMM operands are rounded to bf16 (8-bit
+ * mantissa: ~3e-3 relative per product). The head goes through the decode
+ * step's gemv, so the logits see the CPU's activation quantization.
+ *
+ * The simulator build (MOE_CUDA_SIM) has no cuBLAS: its kernels compile
+ * and their tests run, but prompts go through the decode step token by
+ * token.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/kernels.cuh"
+#include "cuda/prefill.h"
+
+#ifndef MOE_CUDA_SIM
+#include <cublas_v2.h>
+#endif
+
+#define PREFILL_CHUNK        512                /* tokens per pass through the layers */
+#define PREFILL_MIN_TOKENS   16                 /* fewer go through the decode step (see the top) */
+#define PREFILL_EXPERT_BYTES ((int64_t)1 << 30) /* bf16 scratch for one batch of experts */
+#define ROW_THREADS          256
+#define ATT_THREADS          128
+#define ATT_TILE             64 /* positions whose scores a block holds at once */
+#define ATT_MAX_G            16 /* query heads per KV head (check_config) */
+
+/* ---------------------------------------------------------------- per-token rows */
+
+/* out16 (and out32 unless NULL) = x, RMSNorm'ed with w unless w is NULL;
+ * one block per row of n. The scale as cpu_rmsnorm: sum of squares in
+ * double. */
+static __global__ void __launch_bounds__(ROW_THREADS)
+    norm_kernel(const float *x, const float *w, float eps, int n, float *out32, uint16_t *out16) {
+    __shared__ double scratch[32];
+    const int64_t at = (int64_t)blockIdx.x * n;
+    float scale = 1.0f;
+    if (w) {
+        double ss = 0.0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            ss += (double)x[at + i] * x[at + i];
+        ss = block_sum_double(ss, scratch);
+        scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = w ? x[at + i] * scale * w[i] : x[at + i];
+        if (out32) out32[at + i] = v;
+        out16[at + i] = f32_to_bf16_bits(v);
+    }
+}
+
+/* h[r] = silu(g) * u * scale[r] (bf16) from row r of gu = [g (ff) | u (ff)]. */
+static __global__ void __launch_bounds__(ROW_THREADS)
+    swiglu_kernel(uint16_t *h, const float *gu, int ff, const float *scale) {
+    const int64_t r = blockIdx.x;
+    const float *g = gu + r * 2 * ff, *u = g + ff;
+    const float s = scale ? scale[r] : 1.0f;
+    for (int i = threadIdx.x; i < ff; i += blockDim.x)
+        h[r * ff + i] = f32_to_bf16_bits(g[i] / (1.0f + expf(-g[i])) * u[i] * s);
+}
+
+/* out[t] = sigmoid(xn[t] . w): the shared expert's gate, a warp per token,
+ * in double as the CPU. */
+static __global__ void shared_gate_kernel(float *out, const float *xn, const float *w, int n) {
+    const float *x = xn + (int64_t)blockIdx.x * n;
+    double dot = 0.0;
+    for (int i = threadIdx.x; i < n; i += 32)
+        dot += (double)x[i] * w[i];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        dot += __shfl_xor_sync(FULL_MASK, dot, off);
+    if (threadIdx.x == 0) out[blockIdx.x] = (float)(1.0 / (1.0 + exp(-dot)));
+}
+
+/* The k experts of each token and their weights: the decode step's
+ * routing (route_on_device), a warp per token over its logits. */
+static __global__ void route_kernel(gemv_args a, const float *logits, float *weights, int *ids) {
+    DYN_SMEM(float, p);
+    a.seg[0].out = (float *)logits + (int64_t)blockIdx.x * a.n_experts;
+    a.route_w = weights + (int64_t)blockIdx.x * a.k;
+    a.route_ids = ids + (int64_t)blockIdx.x * a.k;
+    route_on_device(a, p);
+}
+
+/* dst row r = src row row_token[r]: the inputs of the grouped experts. */
+static __global__ void gather_rows_kernel(uint16_t *dst, const uint16_t *src, const int *row_token, int n) {
+    const uint4 *from = (const uint4 *)(src + (int64_t)row_token[blockIdx.x] * n);
+    uint4 *to = (uint4 *)(dst + (int64_t)blockIdx.x * n);
+    for (int i = threadIdx.x; i < n / 8; i += blockDim.x)
+        to[i] = from[i];
+}
+
+/* x[t] += sum_j w[t, j] * out[slot_row[t k + j]], j in slot order (the
+ * CPU's order); one block per token, no atomics. */
+static __global__ void __launch_bounds__(ROW_THREADS)
+    scatter_kernel(float *x, const float *out, const float *weights, const int *slot_row, int k, int n) {
+    const int64_t t = blockIdx.x;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float acc = x[t * n + i];
+        for (int j = 0; j < k; j++)
+            acc += weights[t * k + j] * out[(int64_t)slot_row[t * k + j] * n + i];
+        x[t * n + i] = acc;
+    }
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* One layer's attention for T new tokens at positions pos..pos+T-1. */
+struct prefill_attn {
+    float *qkv; /* (T, qkv_stride): q | k | v, rotated in place */
+    int qkv_stride;
+    const float *bq, *bk, *bv;    /* or NULL */
+    const float *q_norm, *k_norm; /* or NULL */
+    int qk_norm;                  /* qk_norm_kind */
+    float eps;
+    const float *rope_freqs; /* or NULL */
+    float rope_base, freq_scale;
+    int n_rot, neox;
+    float *k_cache, *v_cache; /* this layer: (n_ctx, kv_dim) */
+    float *out;               /* (T, q_dim) */
+    int pos, n_heads, n_kv, hd;
+};
+
+/* RMSNorm of one head in place, by one warp (the scale as cpu_rmsnorm). */
+static __device__ void rms_head(float *p, int n, const float *w, float eps, int lane) {
+    double ss = 0.0;
+    for (int d = lane; d < n; d += 32)
+        ss += (double)p[d] * p[d];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        ss += __shfl_xor_sync(FULL_MASK, ss, off);
+    const float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (int d = lane; d < n; d += 32)
+        p[d] = p[d] * scale * w[d];
+}
+
+/* One token per block, as qk_norm_and_rope in cpu_forward.c: biases, q/k
+ * norm (per head or over the whole projection), RoPE of q and k, then k
+ * and v into the cache. All of a chunk's keys are in the cache before the
+ * attention kernel starts. */
+static __global__ void __launch_bounds__(ROW_THREADS) qk_prepare_kernel(const prefill_attn a) {
+    __shared__ float rope_cs[256]; /* cos | sin of each pair, n_rot <= 256 */
+    __shared__ double scratch[32];
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    const int pos = a.pos + blockIdx.x, half = a.n_rot / 2;
+    const int q_dim = a.n_heads * a.hd, kv_dim = a.n_kv * a.hd;
+    float *q = a.qkv + (int64_t)blockIdx.x * a.qkv_stride, *k = q + q_dim, *v = k + kv_dim;
+    for (int i = tid; a.bq && i < q_dim; i += nt)
+        q[i] += a.bq[i];
+    for (int i = tid; a.bk && i < kv_dim; i += nt)
+        k[i] += a.bk[i];
+    for (int i = tid; a.bv && i < kv_dim; i += nt)
+        v[i] += a.bv[i];
+    for (int i = tid; i < half; i += nt) { /* angles as cpu_rope: double, then float */
+        double freq = pow((double)a.rope_base, -2.0 * i / a.n_rot);
+        if (a.rope_freqs) freq /= a.rope_freqs[i];
+        const double angle = (double)pos * (double)a.freq_scale * freq;
+        rope_cs[i] = (float)cos(angle);
+        rope_cs[half + i] = (float)sin(angle);
+    }
+    __syncthreads();
+    if (a.qk_norm == QK_NORM_PER_HEAD) {
+        for (int h = warp; h < a.n_heads + a.n_kv; h += nw)
+            rms_head(h < a.n_heads ? q + h * a.hd : k + (h - a.n_heads) * a.hd, a.hd,
+                     h < a.n_heads ? a.q_norm : a.k_norm, a.eps, lane);
+    } else if (a.qk_norm == QK_NORM_FULL) {
+        double sq = 0.0, sk = 0.0;
+        for (int i = tid; i < q_dim; i += nt)
+            sq += (double)q[i] * q[i];
+        for (int i = tid; i < kv_dim; i += nt)
+            sk += (double)k[i] * k[i];
+        sq = block_sum_double(sq, scratch);
+        sk = block_sum_double(sk, scratch);
+        const float scale_q = (float)(1.0 / sqrt(sq / (double)q_dim + (double)a.eps));
+        const float scale_k = (float)(1.0 / sqrt(sk / (double)kv_dim + (double)a.eps));
+        for (int i = tid; i < q_dim; i += nt)
+            q[i] = q[i] * scale_q * a.q_norm[i];
+        for (int i = tid; i < kv_dim; i += nt)
+            k[i] = k[i] * scale_k * a.k_norm[i];
+    }
+    __syncthreads();
+    for (int j = tid; j < (a.n_heads + a.n_kv) * half; j += nt) {
+        const int h = j / half, i = j - h * half;
+        float *p = h < a.n_heads ? q + h * a.hd : k + (h - a.n_heads) * a.hd;
+        const int ia = a.neox ? i : 2 * i, ib = a.neox ? i + half : 2 * i + 1;
+        const float c = rope_cs[i], s = rope_cs[half + i], x0 = p[ia], x1 = p[ib];
+        p[ia] = x0 * c - x1 * s;
+        p[ib] = x0 * s + x1 * c;
+    }
+    __syncthreads();
+    for (int i = tid; i < kv_dim; i += nt) {
+        a.k_cache[(int64_t)pos * kv_dim + i] = k[i];
+        a.v_cache[(int64_t)pos * kv_dim + i] = v[i];
+    }
+}
+
+static size_t attention_smem(int G, int hd) {
+    return sizeof(float) * ((size_t)G * hd + (size_t)G * ATT_TILE + 3 * (size_t)G);
+}
+
+/* Block (t, g): the G query heads of KV head g for token t over positions
+ * 0..pos+t, a tile of ATT_TILE keys at a time with an online softmax
+ * (running max m, sum l; earlier sums rescaled by e^(m_old - m_new)). A
+ * warp per key for the scores, a thread per dimension for the values. */
+static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const prefill_attn a) {
+    DYN_SMEM(float, sm);
+    const int t = blockIdx.x, g = blockIdx.y, G = a.n_heads / a.n_kv, hd = a.hd, nd = hd / 32;
+    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    const int kv_dim = a.n_kv * hd, n_pos = a.pos + t + 1;
+    float *qs = sm, *sc = qs + G * hd, *m = sc + G * ATT_TILE, *l = m + G, *corr = l + G;
+    const float *q = a.qkv + (int64_t)t * a.qkv_stride + g * G * hd;
+    const float *keys = a.k_cache + g * hd, *values = a.v_cache + g * hd;
+    for (int i = tid; i < G * hd; i += nt)
+        qs[i] = q[i];
+    if (tid < G) m[tid] = -INFINITY, l[tid] = 0.0f;
+    float acc[2][ATT_MAX_G]; /* dimensions tid and tid + nt (hd <= 256) */
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int h = 0; h < ATT_MAX_G; h++)
+            acc[j][h] = 0.0f;
+    const float scale = 1.0f / sqrtf((float)hd);
+    __syncthreads();
+    for (int p0 = 0; p0 < n_pos; p0 += ATT_TILE) {
+        const int n = min(ATT_TILE, n_pos - p0);
+        for (int j = warp; j < n; j += nw) {
+            const float *key = keys + (int64_t)(p0 + j) * kv_dim;
+            float kr[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                kr[i] = i < nd ? key[lane + 32 * i] : 0.0f;
+            for (int h = 0; h < G; h++) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    if (i < nd) dot += qs[h * hd + lane + 32 * i] * kr[i];
+                dot = warp_sum(dot);
+                if (lane == 0) sc[h * ATT_TILE + j] = dot * scale;
+            }
+        }
+        __syncthreads();
+        for (int h = warp; h < G; h += nw) {
+            float mx = -INFINITY;
+            for (int j = lane; j < n; j += 32)
+                mx = fmaxf(mx, sc[h * ATT_TILE + j]);
+            const float m_new = fmaxf(m[h], warp_max(mx));
+            float sum = 0.0f;
+            for (int j = lane; j < n; j += 32) {
+                const float e = expf(sc[h * ATT_TILE + j] - m_new);
+                sc[h * ATT_TILE + j] = e;
+                sum += e;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                corr[h] = expf(m[h] - m_new); /* 0 on the first tile */
+                l[h] = l[h] * corr[h] + sum;
+                m[h] = m_new;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int jd = 0; jd < 2; jd++) {
+            const int d = tid + jd * nt;
+            if (d >= hd) continue;
+#pragma unroll
+            for (int h = 0; h < ATT_MAX_G; h++)
+                if (h < G) acc[jd][h] *= corr[h];
+            for (int j = 0; j < n; j++) {
+                const float v = values[(int64_t)(p0 + j) * kv_dim + d];
+#pragma unroll
+                for (int h = 0; h < ATT_MAX_G; h++)
+                    if (h < G) acc[jd][h] += sc[h * ATT_TILE + j] * v;
+            }
+        }
+        __syncthreads(); /* the next tile overwrites sc */
+    }
+    float *out = a.out + (int64_t)t * a.n_heads * hd + g * G * hd;
+#pragma unroll
+    for (int jd = 0; jd < 2; jd++) {
+        const int d = tid + jd * nt;
+        if (d >= hd) continue;
+#pragma unroll
+        for (int h = 0; h < ATT_MAX_G; h++)
+            if (h < G) out[h * hd + d] = acc[jd][h] / l[h];
+    }
+}
+
+/* Both launches: the chunk's keys and values into the cache, then attention. */
+static void launch_attention(const prefill_attn *a, int T, cudaStream_t st) {
+    LAUNCH(qk_prepare_kernel, T, ROW_THREADS, 0, st, *a);
+    LAUNCH(attention_kernel, dim3(T, a->n_kv), ATT_THREADS, attention_smem(a->n_heads / a->n_kv, a->hd), st, *a);
+}
+
+#ifndef MOE_CUDA_SIM
+/* ---------------------------------------------------------------- scratch */
+
+struct prefill_scratch {
+    cublasHandle_t blas;
+    int cap;           /* tokens per chunk */
+    int k;             /* routed slots per token (1: dense) */
+    int batch_experts; /* experts dequantized at once */
+    int64_t w16_elems;
+    uint8_t *mem;
+    int *tokens;               /* (n_ctx) the prompt */
+    float *x, *xn;             /* (cap, n_embd) residual stream, normalised f32 (router, shared gate) */
+    uint16_t *x16;             /* (cap, max(n_embd, q_dim)) bf16 GEMM input */
+    float *qkv, *att;          /* (cap, q_dim + 2 kv_dim), (cap, q_dim) */
+    float *gu;                 /* (rows, 2 ff) gate | up products */
+    uint16_t *h16;             /* (rows, ff) SwiGLU, bf16 */
+    uint16_t *w16;             /* dequantized weights */
+    uint16_t *xs16;            /* (cap k, n_embd) inputs grouped by expert */
+    float *eo;                 /* (cap k, n_embd) expert outputs, grouped */
+    float *router_w, *logits;  /* (n_experts, n_embd) f32 router, (cap, n_experts) */
+    float *route_w, *shgate;   /* (cap, k), (cap) */
+    int *route_ids;            /* (cap, k) */
+    int *index;                /* row_token (cap k) | slot_row (cap k) | used experts (n_experts) */
+    int *host;                 /* pinned: route ids (cap k) | the index as uploaded */
+    int *count, *start, *fill; /* per expert, host */
+};
+
+/* MOE_CUDA_PREFILL=0 runs prompts through the decode step token by token
+ * (to check the decode path on its own). */
+bool cuda_prefill_batched(int n) {
+    const char *v = getenv("MOE_CUDA_PREFILL");
+    return n >= PREFILL_MIN_TOKENS && (!v || v[0] != '0');
+}
+
+#define BLAS_CHECK(call)                                                                                               \
+    do {                                                                                                               \
+        cublasStatus_t blas_e_ = (call);                                                                               \
+        if (blas_e_ != CUBLAS_STATUS_SUCCESS)                                                                          \
+            return moe_error_set(err, MOE_ERR_IO, "cuBLAS error %s at %s:%d in %s", cublasGetStatusName(blas_e_),      \
+                                 __FILE__, __LINE__, #call);                                                           \
+    } while (0)
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* Elements of the bf16 weight scratch: the largest dense matrix group of a
+ * layer (q|k|v, a gate|up pair), or a batch of experts' three matrices. */
+static int64_t weight_scratch(const model_config *c, int *batch_experts) {
+    const int64_t d = c->n_embd, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    int64_t most = max64((q + 2 * kv) * d, 2 * (int64_t)(c->n_experts ? c->n_ff_shared : c->n_ff) * d);
+    *batch_experts = 0;
+    if (c->n_experts) {
+        const int64_t per_expert = 3 * (int64_t)c->n_ff_expert * d, fit = PREFILL_EXPERT_BYTES / (2 * per_expert);
+        *batch_experts = fit < 1 ? 1 : fit > c->n_experts ? c->n_experts : (int)fit;
+        most = max64(most, *batch_experts * per_expert);
+    }
+    return most;
+}
+
+/* `bytes` at a 256-aligned running offset; with base NULL only counted. */
+static void *take(uint8_t *base, size_t *used, size_t bytes) {
+    const size_t at = (*used + 255) & ~(size_t)255;
+    *used = at + bytes;
+    return base ? base + at : NULL;
+}
+
+static void lay_out(const cuda_state *s, prefill_scratch *p, uint8_t *base, size_t *used) {
+    const model_config *c = &s->m->config;
+    const size_t T = p->cap, R = T * p->k, d = c->n_embd, E = c->n_experts, q = s->q_dim, kv = s->kv_dim;
+    const size_t gu = c->n_experts ? (size_t)max64(R * 2 * c->n_ff_expert, T * 2 * c->n_ff_shared) : T * 2 * c->n_ff;
+    *used = 0;
+    p->tokens = (int *)take(base, used, (size_t)s->n_ctx * sizeof(int));
+    p->x = (float *)take(base, used, T * d * sizeof(float));
+    p->xn = (float *)take(base, used, T * d * sizeof(float));
+    p->x16 = (uint16_t *)take(base, used, T * (d > q ? d : q) * sizeof(uint16_t));
+    p->qkv = (float *)take(base, used, T * (q + 2 * kv) * sizeof(float));
+    p->att = (float *)take(base, used, T * q * sizeof(float));
+    p->gu = (float *)take(base, used, gu * sizeof(float));
+    p->h16 = (uint16_t *)take(base, used, gu / 2 * sizeof(uint16_t));
+    p->w16 = (uint16_t *)take(base, used, (size_t)p->w16_elems * sizeof(uint16_t));
+    if (!E) return;
+    p->xs16 = (uint16_t *)take(base, used, R * d * sizeof(uint16_t));
+    p->eo = (float *)take(base, used, R * d * sizeof(float));
+    p->router_w = (float *)take(base, used, E * d * sizeof(float));
+    p->logits = (float *)take(base, used, T * E * sizeof(float));
+    p->route_w = (float *)take(base, used, R * sizeof(float));
+    p->shgate = (float *)take(base, used, T * sizeof(float));
+    p->route_ids = (int *)take(base, used, R * sizeof(int));
+    p->index = (int *)take(base, used, (2 * R + E) * sizeof(int));
+}
+
+static void free_scratch(prefill_scratch *p) {
+    if (p->blas) cublasDestroy(p->blas);
+    if (p->mem) cudaFree(p->mem);
+    if (p->host) cudaFreeHost(p->host);
+    free(p->count);
+    free(p);
+}
+
+void cuda_prefill_free(cuda_state *s) {
+    if (s->prefill) free_scratch(s->prefill);
+    s->prefill = NULL;
+}
+
+static moe_status make_scratch(cuda_state *s, moe_error *err) {
+    const model_config *c = &s->m->config;
+    prefill_scratch *p = (prefill_scratch *)calloc(1, sizeof *p);
+    if (!p) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    p->cap = s->n_ctx < PREFILL_CHUNK ? s->n_ctx : PREFILL_CHUNK;
+    p->k = c->n_experts ? c->n_experts_used : 1;
+    p->w16_elems = weight_scratch(c, &p->batch_experts);
+    size_t bytes = 0;
+    lay_out(s, p, NULL, &bytes);
+    const size_t R = (size_t)p->cap * p->k, E = c->n_experts;
+    cudaError_t e = cudaMalloc(&p->mem, bytes);
+    if (e == cudaSuccess && E) e = cudaMallocHost(&p->host, (3 * R + E) * sizeof(int));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        free_scratch(p);
+        return moe_error_set(err, e == cudaErrorMemoryAllocation ? MOE_ERR_NOMEM : MOE_ERR_IO,
+                             "the batched prefill needs %.2f GB of GPU memory for its scratch: %s", bytes / 1e9,
+                             cudaGetErrorName(e));
+    }
+    p->count = (int *)calloc(3 * E + 1, sizeof(int));
+    if (!p->count) {
+        free_scratch(p);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    p->start = p->count + E, p->fill = p->start + E;
+    cublasStatus_t b = cublasCreate(&p->blas);
+    if (b == CUBLAS_STATUS_SUCCESS) b = cublasSetStream(p->blas, s->stream);
+    if (b != CUBLAS_STATUS_SUCCESS) {
+        free_scratch(p);
+        return moe_error_set(err, MOE_ERR_IO, "cannot set up cuBLAS: %s", cublasGetStatusName(b));
+    }
+    lay_out(s, p, p->mem, &bytes);
+    s->prefill = p;
+    return MOE_OK;
+}
+
+/* ---------------------------------------------------------------- products */
+
+/* Y = W X^T (+ Y): W m x k bf16 rows, X n rows of k bf16, Y n rows of ldy
+ * floats (the first m written). Column-major, as cuBLAS sees it:
+ * Y^T (m x n) = W (the k x m matrix W^T, transposed) times X^T (k x n). */
+static cublasStatus_t gemm_bf16(const prefill_scratch *p, const uint16_t *w, int m, int k, const uint16_t *x, int n,
+                                float *y, int ldy, bool accumulate) {
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    return cublasGemmEx(p->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta,
+                        y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+/* The same in f32 throughout (the handle keeps the default math mode: no
+ * TF32): the router, whose top-k must see what the CPU's f32 product sees. */
+static cublasStatus_t gemm_f32(const prefill_scratch *p, const float *w, int m, int k, const float *x, int n,
+                               float *y) {
+    const float one = 1.0f, zero = 0.0f;
+    return cublasGemmEx(p->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_32F, k, x, CUDA_R_32F, k, &zero, y,
+                        CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+static void dequant(const cuda_state *s, const dmat *m, const int *experts, int n, void *out, int64_t out_stride,
+                    bool bf16) {
+    cuda_format_of(m->type)->dequant(m, experts, n, out, out_stride, bf16, s->stream);
+}
+
+/* ---------------------------------------------------------------- a layer */
+
+static moe_status attention_layer(cuda_state *s, int l, int T, int pos, moe_error *err) {
+    prefill_scratch *p = s->prefill;
+    const model_config *c = &s->m->config;
+    const cuda_layer *w = &s->g->layers[l];
+    const int d = c->n_embd, q = s->q_dim, kv = s->kv_dim;
+    LAUNCH(norm_kernel, T, ROW_THREADS, 0, s->stream, p->x, w->attn_norm, c->rms_eps, d, (float *)NULL, p->x16);
+    dequant(s, &w->wq, NULL, 1, p->w16, 0, true);
+    dequant(s, &w->wk, NULL, 1, p->w16 + (int64_t)q * d, 0, true);
+    dequant(s, &w->wv, NULL, 1, p->w16 + (int64_t)(q + kv) * d, 0, true);
+    BLAS_CHECK(gemm_bf16(p, p->w16, q + 2 * kv, d, p->x16, T, p->qkv, q + 2 * kv, false));
+    prefill_attn a;
+    memset(&a, 0, sizeof a);
+    a.qkv = p->qkv;
+    a.qkv_stride = q + 2 * kv;
+    a.bq = w->bq, a.bk = w->bk, a.bv = w->bv;
+    a.q_norm = w->q_norm, a.k_norm = w->k_norm;
+    a.qk_norm = c->arch->qk_norm;
+    a.eps = c->rms_eps;
+    a.rope_freqs = s->g->rope_freqs;
+    a.rope_base = c->rope_base, a.freq_scale = c->rope_freq_scale;
+    a.n_rot = c->n_rot, a.neox = c->arch->rope == ROPE_NEOX;
+    a.k_cache = s->k_cache + (size_t)l * s->n_ctx * kv;
+    a.v_cache = s->v_cache + (size_t)l * s->n_ctx * kv;
+    a.out = p->att;
+    a.pos = pos, a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.hd = c->head_dim;
+    launch_attention(&a, T, s->stream);
+    LAUNCH(norm_kernel, T, ROW_THREADS, 0, s->stream, p->att, (const float *)NULL, 0.0f, q, (float *)NULL, p->x16);
+    dequant(s, &w->wo, NULL, 1, p->w16, 0, true);
+    BLAS_CHECK(gemm_bf16(p, p->w16, d, q, p->x16, T, p->x, d, true));
+    return MOE_OK;
+}
+
+/* x += down(silu(gate xn) * (up xn)) for the chunk's tokens, each scaled
+ * by sigmoid(xn . gate_inp) when gate_inp is given (the shared expert). */
+static moe_status swiglu_ffn(cuda_state *s, const dmat *gate, const dmat *up, const dmat *down, const float *gate_inp,
+                             int T, moe_error *err) {
+    prefill_scratch *p = s->prefill;
+    const int d = s->m->config.n_embd, ff = gate->rows;
+    dequant(s, gate, NULL, 1, p->w16, 0, true);
+    dequant(s, up, NULL, 1, p->w16 + (int64_t)ff * d, 0, true);
+    BLAS_CHECK(gemm_bf16(p, p->w16, 2 * ff, d, p->x16, T, p->gu, 2 * ff, false));
+    if (gate_inp) LAUNCH(shared_gate_kernel, T, 32, 0, s->stream, p->shgate, p->xn, gate_inp, d);
+    LAUNCH(swiglu_kernel, T, ROW_THREADS, 0, s->stream, p->h16, p->gu, ff, gate_inp ? (const float *)p->shgate : NULL);
+    dequant(s, down, NULL, 1, p->w16, 0, true);
+    BLAS_CHECK(gemm_bf16(p, p->w16, d, ff, p->h16, T, p->x, d, true));
+    return MOE_OK;
+}
+
+/* Counting sort of the chunk's (token, slot) pairs by expert, stable: the
+ * rows of expert e are start[e] .. start[e] + count[e] - 1, in token
+ * order. Fills the index to upload (row -> token, pair -> row, the experts
+ * used in ascending id) and returns how many experts are used. */
+static int group_by_expert(prefill_scratch *p, int T, int n_experts) {
+    const int k = p->k, R = T * k, cap_rows = p->cap * k;
+    const int *ids = p->host;
+    int *row_token = p->host + cap_rows, *slot_row = row_token + cap_rows, *used = slot_row + cap_rows;
+    memset(p->count, 0, (size_t)n_experts * sizeof(int));
+    for (int i = 0; i < R; i++)
+        p->count[ids[i]]++;
+    int n_used = 0;
+    for (int e = 0, at = 0; e < n_experts; at += p->count[e++]) {
+        p->start[e] = p->fill[e] = at;
+        if (p->count[e]) used[n_used++] = e;
+    }
+    for (int i = 0; i < R; i++) {
+        const int r = p->fill[ids[i]]++;
+        row_token[r] = i / k;
+        slot_row[i] = r;
+    }
+    return n_used;
+}
+
+/* Experts used[b0 .. b0+nb) of the chunk: their weights dequantized
+ * together, then gate|up, SwiGLU and down over each one's rows. */
+static moe_status expert_batch(cuda_state *s, const cuda_layer *w, int b0, int nb, moe_error *err) {
+    prefill_scratch *p = s->prefill;
+    const int d = s->m->config.n_embd, ff = w->exp_gate.rows, cap_rows = p->cap * p->k;
+    const int *used = p->host + 3 * cap_rows + b0, *used_dev = p->index + 2 * cap_rows + b0;
+    uint16_t *gate_up = p->w16, *down = p->w16 + (int64_t)p->batch_experts * 2 * ff * d;
+    dequant(s, &w->exp_gate, used_dev, nb, gate_up, (int64_t)2 * ff * d, true);
+    dequant(s, &w->exp_up, used_dev, nb, gate_up + (int64_t)ff * d, (int64_t)2 * ff * d, true);
+    dequant(s, &w->exp_down, used_dev, nb, down, (int64_t)ff * d, true);
+    for (int i = 0; i < nb; i++) {
+        const int r0 = p->start[used[i]], rows = p->count[used[i]];
+        BLAS_CHECK(gemm_bf16(p, gate_up + (int64_t)i * 2 * ff * d, 2 * ff, d, p->xs16 + (int64_t)r0 * d, rows,
+                             p->gu + (int64_t)r0 * 2 * ff, 2 * ff, false));
+    }
+    const int first = p->start[used[0]], end = p->start[used[nb - 1]] + p->count[used[nb - 1]];
+    LAUNCH(swiglu_kernel, end - first, ROW_THREADS, 0, s->stream, p->h16 + (int64_t)first * ff,
+           p->gu + (int64_t)first * 2 * ff, ff, (const float *)NULL);
+    for (int i = 0; i < nb; i++) {
+        const int r0 = p->start[used[i]], rows = p->count[used[i]];
+        BLAS_CHECK(gemm_bf16(p, down + (int64_t)i * ff * d, d, ff, p->h16 + (int64_t)r0 * ff, rows,
+                             p->eo + (int64_t)r0 * d, d, false));
+    }
+    return MOE_OK;
+}
+
+static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *err) {
+    prefill_scratch *p = s->prefill;
+    const model_config *c = &s->m->config;
+    const int d = c->n_embd, E = c->n_experts, k = p->k, cap_rows = p->cap * k;
+    dequant(s, &w->router, NULL, 1, p->router_w, 0, false);
+    BLAS_CHECK(gemm_f32(p, p->router_w, E, d, p->xn, T, p->logits));
+    gemv_args r;
+    memset(&r, 0, sizeof r);
+    r.n_experts = E, r.k = k, r.gating = c->gating == GATING_SIGMOID, r.norm_topk = c->norm_topk;
+    r.w_scale = c->expert_weights_scale;
+    const size_t route_smem = (size_t)(((E + 3) & ~3) + 2 * MAX_EXPERTS_USED) * sizeof(float);
+    LAUNCH(route_kernel, T, 32, route_smem, s->stream, r, (const float *)p->logits, p->route_w, p->route_ids);
+    CUDA_CHECK(cudaMemcpyAsync(p->host, p->route_ids, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost, s->stream));
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    const int n_used = group_by_expert(p, T, E);
+    CUDA_CHECK(cudaMemcpyAsync(p->index, p->host + cap_rows, (size_t)(2 * cap_rows + E) * sizeof(int),
+                               cudaMemcpyHostToDevice, s->stream));
+    LAUNCH(gather_rows_kernel, T * k, 64, 0, s->stream, p->xs16, (const uint16_t *)p->x16, (const int *)p->index, d);
+    for (int b0 = 0; b0 < n_used; b0 += p->batch_experts) {
+        const int nb = n_used - b0 < p->batch_experts ? n_used - b0 : p->batch_experts;
+        moe_status st = expert_batch(s, w, b0, nb, err);
+        if (st != MOE_OK) return st;
+    }
+    LAUNCH(scatter_kernel, T, ROW_THREADS, 0, s->stream, p->x, (const float *)p->eo, (const float *)p->route_w,
+           (const int *)p->index + cap_rows, k, d);
+    if (!w->has_shared) return MOE_OK;
+    return swiglu_ffn(s, &w->sh_gate, &w->sh_up, &w->sh_down, w->sh_gate_inp, T, err);
+}
+
+static moe_status ffn_layer(cuda_state *s, int l, int T, moe_error *err) {
+    prefill_scratch *p = s->prefill;
+    const model_config *c = &s->m->config;
+    const cuda_layer *w = &s->g->layers[l];
+    LAUNCH(norm_kernel, T, ROW_THREADS, 0, s->stream, p->x, w->ffn_norm, c->rms_eps, c->n_embd, p->xn, p->x16);
+    if (c->n_experts) return moe_ffn(s, w, T, err);
+    return swiglu_ffn(s, &w->ffn_gate, &w->ffn_up, &w->ffn_down, NULL, T, err);
+}
+
+/* ---------------------------------------------------------------- a chunk */
+
+/* Logits of the chunk's last n_out positions to out (host), one decode
+ * gemv each (norm fused, activations quantized as the CPU does). */
+static moe_status head(cuda_state *s, int T, int n_out, float *out, moe_error *err) {
+    const model_config *c = &s->m->config;
+    const dmat *w = &s->g->output;
+    const cuda_format *f = cuda_format_of(w->type);
+    gemv_args a;
+    memset(&a, 0, sizeof a);
+    a.seg[0].w = *w;
+    a.seg[0].out = s->logits;
+    a.n_seg = 1;
+    a.seg_end[0] = w->rows;
+    a.lanes = pick_lanes(w->units, f->n);
+    a.epilogue = EPI_NONE;
+    const size_t smem = gemv_smem(f->act, c->n_embd, 0);
+    const int per_block = GEMV_WARPS * (32 / a.lanes), need = (w->rows + per_block - 1) / per_block;
+    int grid = f->occupancy(0, smem) * s->g->n_sm;
+    grid = need < grid ? need : grid;
+    grid = grid < s->max_grid ? grid : s->max_grid;
+    for (int i = 0; i < n_out; i++) {
+        a.in = act_in{s->prefill->x + (size_t)(T - n_out + i) * c->n_embd, s->g->output_norm, c->rms_eps, c->n_embd};
+        f->gemv(&a, grid, smem, s->stream, false);
+        CUDA_CHECK(cudaMemcpyAsync(out + (size_t)i * c->n_vocab, s->logits, (size_t)c->n_vocab * sizeof(float),
+                                   cudaMemcpyDeviceToHost, s->stream));
+    }
+    return MOE_OK;
+}
+
+/* Tokens done..done+T-1 of the prompt at positions pos..; the logits of
+ * its last n_out positions to out. */
+static moe_status run_chunk(cuda_state *s, int done, int T, int pos, float *out, int n_out, moe_error *err) {
+    const model_config *c = &s->m->config;
+    dmat rows = s->g->token_embd; /* the chosen rows as a slab of one-row matrices */
+    rows.rows = 1;
+    rows.expert_stride = rows.row_stride;
+    rows.meta_expert_stride = rows.meta_row_stride;
+    dequant(s, &rows, s->prefill->tokens + done, T, s->prefill->x, c->n_embd, false);
+    moe_status st = MOE_OK;
+    for (int l = 0; l < c->n_layers && st == MOE_OK; l++)
+        if ((st = attention_layer(s, l, T, pos, err)) == MOE_OK) st = ffn_layer(s, l, T, err);
+    if (st == MOE_OK && n_out) st = head(s, T, n_out, out, err);
+    CUDA_CHECK(cudaGetLastError());
+    return st;
+}
+
+moe_status cuda_prefill(cuda_state *s, const int32_t *tokens, int n, int pos, float *logits, bool all_logits,
+                        moe_error *err) {
+    moe_status st = s->prefill ? MOE_OK : make_scratch(s, err);
+    if (st != MOE_OK) return st;
+    const prefill_scratch *p = s->prefill;
+    const size_t vocab = (size_t)s->m->config.n_vocab;
+    CUDA_CHECK(cudaMemcpyAsync(p->tokens, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice, s->stream));
+    for (int done = 0; done < n && st == MOE_OK; done += p->cap) {
+        const int T = n - done < p->cap ? n - done : p->cap;
+        const bool last = done + T == n;
+        float *out = !logits ? NULL : all_logits ? logits + done * vocab : last ? logits : NULL;
+        st = run_chunk(s, done, T, pos + done, out, !out ? 0 : all_logits ? T : 1, err);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    return st;
+}
+
+#else /* the simulator: no cuBLAS */
+
+bool cuda_prefill_batched(int n) {
+    (void)n;
+    return false;
+}
+
+moe_status cuda_prefill(cuda_state *s, const int32_t *tokens, int n, int pos, float *logits, bool all_logits,
+                        moe_error *err) {
+    return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the simulator has no cuBLAS for the batched prefill");
+}
+
+void cuda_prefill_free(cuda_state *s) { (void)s; }
+
+#endif
+
+/* ---------------------------------------------------------------- kernel tests */
+
+typedef struct test_allocs {
+    void *p[16];
+    int n;
+} test_allocs;
+
+static cudaError_t test_alloc(test_allocs *t, void **p, size_t bytes) {
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+    if (e == cudaSuccess) t->p[t->n++] = *p;
+    return e;
+}
+
+static void test_free(test_allocs *t) {
+    cudaDeviceSynchronize();
+    for (int i = 0; i < t->n; i++)
+        cudaFree(t->p[i]);
+}
+
+/* A device copy of n floats at src (NULL stays NULL). */
+static cudaError_t test_upload(test_allocs *t, const float *src, size_t n, const float **out) {
+    *out = NULL;
+    if (!src) return cudaSuccess;
+    void *p = NULL;
+    cudaError_t e = test_alloc(t, &p, n * sizeof(float));
+    if (e == cudaSuccess) e = cudaMemcpy(p, src, n * sizeof(float), cudaMemcpyHostToDevice);
+    *out = (const float *)p;
+    return e;
+}
+
+/* A slab of n_experts matrices (GGUF rows, contiguous) through the model's
+ * upload, repacking included. */
+static moe_status test_upload_slab(moe_type type, int n_experts, int rows, int cols, const void *w, test_allocs *t,
+                                   dmat *m, moe_error *err) {
+    if (n_experts > 256) return moe_error_set(err, MOE_ERR_RANGE, "at most 256 experts in a test");
+    const uint8_t *srcs[256];
+    const size_t bytes = quant_row_bytes(type, cols) * (size_t)rows;
+    for (int e = 0; e < n_experts; e++)
+        srcs[e] = (const uint8_t *)w + e * bytes;
+    uploader u;
+    memset(&u, 0, sizeof u);
+    u.err = err;
+    u.dry = true;
+    if (upload_rows(&u, type, n_experts, srcs, rows, cols, "test", m) != MOE_OK) return u.status;
+    void *arena = NULL;
+    CUDA_CHECK(test_alloc(t, &arena, u.used));
+    u.dry = false;
+    u.used = 0;
+    u.base = (uint8_t *)arena;
+    u.staging_bytes = (size_t)16 << 20;
+    u.staging = (uint8_t *)malloc(u.staging_bytes);
+    if (!u.staging) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    moe_status st = upload_rows(&u, type, n_experts, srcs, rows, cols, "test", m);
+    free(u.staging);
+    return st;
+}
+
+moe_status cuda_test_dequant(moe_type type, int n_experts, int rows, int cols, const void *w, const int32_t *experts,
+                             int n_pick, bool bf16, void *out, moe_error *err) {
+    const cuda_format *f = cuda_format_of(type);
+    if (!f) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA kernels for type %d", (int)type);
+    test_allocs t;
+    memset(&t, 0, sizeof t);
+    dmat m;
+    void *d_out = NULL, *d_ids = NULL;
+    const size_t out_bytes = (size_t)n_pick * rows * cols * (bf16 ? 2 : 4);
+    moe_status st = test_upload_slab(type, n_experts, rows, cols, w, &t, &m, err);
+    if (st == MOE_OK) {
+        cudaError_t e = test_alloc(&t, &d_out, out_bytes);
+        if (e == cudaSuccess && experts) e = test_alloc(&t, &d_ids, (size_t)n_pick * sizeof(int));
+        if (e == cudaSuccess && experts)
+            e = cudaMemcpy(d_ids, experts, (size_t)n_pick * sizeof(int), cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) e = cudaMemset(d_out, 0xff, out_bytes);
+        if (e == cudaSuccess) {
+            f->dequant(&m, (const int *)d_ids, n_pick, d_out, (int64_t)rows * cols, bf16, 0);
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) e = cudaMemcpy(out, d_out, out_bytes, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            st = moe_error_set(err, MOE_ERR_IO, "dequant test (%s, %d x %d): %s", f->name, rows, cols,
+                               cudaGetErrorName(e));
+        }
+    }
+    test_free(&t);
+    return st;
+}
+
+moe_status cuda_test_prefill_attention(const cuda_test_attention *c, float *k_cache, float *v_cache, float *out,
+                                       moe_error *err) {
+    const int T = c->n_tokens, q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
+    if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > ATT_MAX_G || c->head_dim % 32 || c->head_dim > 256 ||
+        c->n_rot > c->head_dim || c->pos + T > c->n_ctx)
+        return moe_error_set(err, MOE_ERR_RANGE, "attention test: a shape the kernels do not take");
+    const size_t qkv_n = (size_t)T * (q_dim + 2 * kv_dim), cache_n = (size_t)c->n_ctx * kv_dim;
+    const size_t qn = c->qk_norm == QK_NORM_FULL ? q_dim : c->head_dim,
+                 kn = c->qk_norm == QK_NORM_FULL ? kv_dim : c->head_dim;
+    test_allocs t;
+    memset(&t, 0, sizeof t);
+    prefill_attn a;
+    memset(&a, 0, sizeof a);
+    const float *qkv_in = NULL;
+    cudaError_t e = test_upload(&t, c->qkv, qkv_n, &qkv_in);
+    if (e == cudaSuccess) e = test_upload(&t, c->bq, q_dim, &a.bq);
+    if (e == cudaSuccess) e = test_upload(&t, c->bk, kv_dim, &a.bk);
+    if (e == cudaSuccess) e = test_upload(&t, c->bv, kv_dim, &a.bv);
+    if (e == cudaSuccess) e = test_upload(&t, c->q_norm, qn, &a.q_norm);
+    if (e == cudaSuccess) e = test_upload(&t, c->k_norm, kn, &a.k_norm);
+    if (e == cudaSuccess) e = test_upload(&t, c->rope_freqs, (size_t)c->n_rot / 2, &a.rope_freqs);
+    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.k_cache, cache_n * sizeof(float));
+    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.v_cache, cache_n * sizeof(float));
+    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.out, (size_t)T * q_dim * sizeof(float));
+    /* poison: the output, and the cache from pos on (written, or never read) */
+    const size_t filled = (size_t)c->pos * kv_dim * sizeof(float), rest = cache_n * sizeof(float) - filled;
+    if (e == cudaSuccess) e = cudaMemset(a.out, 0xff, (size_t)T * q_dim * sizeof(float));
+    if (e == cudaSuccess) e = cudaMemcpy(a.k_cache, k_cache, filled, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(a.v_cache, v_cache, filled, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemset((uint8_t *)a.k_cache + filled, 0xff, rest);
+    if (e == cudaSuccess) e = cudaMemset((uint8_t *)a.v_cache + filled, 0xff, rest);
+    if (e == cudaSuccess) {
+        a.qkv = (float *)qkv_in; /* rotated in place: the test's own copy */
+        a.qkv_stride = q_dim + 2 * kv_dim;
+        a.qk_norm = c->qk_norm;
+        a.eps = c->eps;
+        a.rope_base = c->rope_base, a.freq_scale = c->freq_scale;
+        a.n_rot = c->n_rot, a.neox = c->neox;
+        a.pos = c->pos, a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.hd = c->head_dim;
+        launch_attention(&a, T, 0);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaMemcpy(out, a.out, (size_t)T * q_dim * sizeof(float), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(k_cache, a.k_cache, cache_n * sizeof(float), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(v_cache, a.v_cache, cache_n * sizeof(float), cudaMemcpyDeviceToHost);
+    moe_status st = MOE_OK;
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        st = moe_error_set(err, MOE_ERR_IO, "prefill attention test: %s", cudaGetErrorName(e));
+    }
+    test_free(&t);
+    return st;
+}
