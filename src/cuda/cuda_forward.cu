@@ -155,7 +155,7 @@ static void attention_block(cuda_state *s, int l) {
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
     a.n_splits = s->attn_splits;
-    cuda_attention(&a, s->attn_smem, s->stream, s->opt.pdl);
+    cuda_attention(&a, s->stream, s->opt.pdl);
     mark(s, CUDA_STAGE_ATTENTION, 2.0 * (s->prof_pos + 1) * s->kv_dim * sizeof(float));
 
     act_in att = {s->att, NULL, 0.0f, s->q_dim};
@@ -469,7 +469,7 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
 /* The largest dynamic shared memory any launch of this model asks for. */
 static size_t max_smem(const cuda_state *s) {
     const model_config *c = &s->m->config;
-    size_t most = s->attn_smem;
+    size_t most = 0;
     const int inputs[] = {c->n_embd, s->q_dim, s->h_len};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
         size_t b = gemv_smem(ACT_F32, inputs[i], c->n_experts); /* f32 staging is the largest */
@@ -516,12 +516,11 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
     s->attn_splits = g->n_sm / c->n_kv_heads;
     if (s->attn_splits > 64) s->attn_splits = 64;
     if (s->attn_splits < 1) s->attn_splits = 1;
-    if (!cuda_attention_supported(G, c->head_dim, s->attn_splits)) {
+    if (!cuda_attention_supported(G, c->head_dim, c->n_rot, s->attn_splits)) {
         free(s);
         return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the GPU attention has no kernel for %d query heads per KV head of %d dimensions",
                              G, c->head_dim);
     }
-    s->attn_smem = cuda_attention_smem(G, c->head_dim, c->n_rot, s->attn_splits);
     s->max_grid = g->n_sm * 32;
 
     size_t need = 0, free_b = 0, total_b = 0;

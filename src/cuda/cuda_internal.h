@@ -246,7 +246,6 @@ struct cuda_state {
     unsigned *counters;       /* [0] router, [1] argmax, [2..] attention per KV head */
     int q_dim, kv_dim, n_ff_routed, h_len;
     int attn_splits;
-    size_t attn_smem;
     int max_grid;
     cudaGraphExec_t graph;
     bool graph_ready;
@@ -261,10 +260,8 @@ struct cuda_state {
 };
 
 /* Attention (attention.cu). */
-void cuda_attention(const attn_args *a, size_t smem, cudaStream_t st, bool pdl);
-size_t cuda_attention_smem(int G, int hd, int n_rot, int n_splits);
-bool cuda_attention_supported(int G, int hd, int n_splits);
+void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl);
+bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits);
 void cuda_rope_table(const model_config *c, const float *rope_freqs, int n_ctx, float *out);
-cudaError_t cuda_attention_allow_smem(int bytes);
 
 #endif

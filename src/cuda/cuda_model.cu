@@ -38,7 +38,7 @@ const cuda_format *cuda_format_of(int type) {
 }
 
 cudaError_t cuda_allow_smem_all(int bytes) {
-    cudaError_t e = cuda_attention_allow_smem(bytes);
+    cudaError_t e = cudaSuccess;
     for (size_t i = 0; i < sizeof formats / sizeof formats[0] && e == cudaSuccess; i++) e = formats[i]->allow_smem(bytes);
     return e;
 }
