@@ -155,10 +155,10 @@ if [ -f "$MODEL" ]; then
             -k "regex:gemv|ffn|attention|embed|set_step" --launch-skip 400 --launch-count 16 \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
             "$MOE" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda
-        # where the warps of the attention and of a q|k|v gemv wait, by source line
+        # where the warps of the attention and the router wait
         step ncu_stalls 150 "$OUT/ncu_stalls.log" env MOE_CUDA_GRAPH=0 ncu --clock-control none \
-            -k "regex:gemv|attention" --launch-skip 400 --launch-count 2 \
-            --section WarpStateStats --section SourceCounters --section LaunchStats --section Occupancy \
+            -k "regex:attention|fmt_f32" --launch-skip 200 --launch-count 2 \
+            --section WarpStateStats --section SourceCounters --section LaunchStats --print-details all \
             "$MOE" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda
     fi
     remaining=$((480 - $(elapsed)))

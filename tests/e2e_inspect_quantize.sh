@@ -6,7 +6,6 @@ here=$(cd "$(dirname "$0")" && pwd)
 moe=$1 fixture=$2 dir=$3
 rm -rf "$dir" && mkdir -p "$dir" && cd "$dir" || exit 1
 . "$here/e2e_common.inc"
-json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"; }
 
 "$fixture" model.gguf f32 || { echo "cannot build the fixture"; exit 1; }
 

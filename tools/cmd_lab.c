@@ -347,9 +347,9 @@ static void print_markdown(const lab_report *r) {
         printf("| %s | %d x %d | %.2f | %.2f | %.2f |\n", c->what, c->blocks, c->threads, c->c.plain_us, c->c.graph_us,
                c->c.pdl_us);
     }
-    printf("\nTimes: median of %d batches after a warm-up batch; a batch is max(copies, 8) launches back to back on "
-           "one stream between two CUDA events, divided by its launches, so a launch's time includes the gap before "
-           "the next kernel (no graph, no PDL). Each launch reads the next of `copies` copies of the weights (at least "
+    printf("\nTimes: median of %d replays after a warm-up replay of a CUDA graph of max(copies, 8) launches, "
+           "between two CUDA events, divided by its launches, so a launch's time includes the graph's gap before the "
+           "next kernel (no PDL). Each launch reads the next of `copies` copies of the weights (at least "
            "240 MB in all; an H200's L2 is 50 MB) and, for the experts, %d new ids from device memory. The pure read "
            "has the kernel's grid, lanes per row and rows per warp, and 16-byte loads of every body chunk (with its "
            "block's meta) of the same rows, only XOR-folded. check: worst |gpu - cpu| / sum |w x| over the rows "

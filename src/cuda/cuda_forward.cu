@@ -430,7 +430,7 @@ static bool env_flag(const char *name, bool fallback) {
 cuda_options cuda_default_options(void) {
     cuda_options o;
     o.graph = env_flag("MOE_CUDA_GRAPH", true);
-    o.pdl = env_flag("MOE_CUDA_PDL", true);
+    o.pdl = env_flag("MOE_CUDA_PDL", false); /* measured slower inside the graph (bench/results) */
     return o;
 }
 

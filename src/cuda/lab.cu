@@ -17,9 +17,10 @@
  * (the model's path, so the device layout is the production one) and copied
  * on the device until the copies hold at least LAB_SET_BYTES (4 x 60 MB;
  * the H200's L2 is 50 MB); launch i uses copy i mod copies. A timed run is
- * a batch of launches back to back on one stream between two CUDA events,
- * divided by the launches, so a launch's time includes the gap between
- * kernels that a decode step without PDL pays. Expert ids change every
+ * one replay of a CUDA graph of a batch of launches between two CUDA
+ * events, divided by the launches, so a launch's time includes the gap
+ * between kernels that the decode step's graph (without PDL) pays, and no
+ * host launch overhead. Expert ids change every
  * launch (consecutive slices of shuffled permutations: distinct within a
  * launch, and no expert repeats in the launches just before) and are read
  * by the kernels from device memory.
@@ -366,24 +367,31 @@ static double median_of(double *v, int n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Median microseconds per launch over `reps` batches of `batch` launches,
- * after one batch of warm-up. launch(i) enqueues launch number i; numbers
- * run on across batches, so the copy and the ids change every launch. */
+/* Median microseconds per launch over `reps` replays of a CUDA graph of
+ * `batch` launches (as the decode step runs them: no host launch gaps),
+ * after one warm-up replay. launch(i) enqueues launch number i, so the
+ * copy and the ids change from launch to launch. */
 template <class Launch>
 static moe_status time_batches(lab_ctx *c, int batch, int reps, Launch launch, double *median_us) {
     moe_error *err = c->err;
     double per[CUDA_LAB_MAX_REPS];
-    int next = 0;
-    for (int r = -1; r < reps; r++) {
-        CUDA_CHECK(cudaEventRecord(c->start, c->stream));
-        for (int i = 0; i < batch; i++) launch(next++);
-        CUDA_CHECK(cudaGetLastError());
-        CUDA_CHECK(cudaEventRecord(c->stop, c->stream));
-        CUDA_CHECK(cudaEventSynchronize(c->stop));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < batch; i++) launch(i);
+    CUDA_CHECK(cudaStreamEndCapture(c->stream, &graph));
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(e);
+    for (int r = -1; r < reps && e == cudaSuccess; r++) {
         float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, c->start, c->stop));
+        if ((e = cudaEventRecord(c->start, c->stream)) == cudaSuccess && (e = cudaGraphLaunch(exec, c->stream)) == cudaSuccess &&
+            (e = cudaEventRecord(c->stop, c->stream)) == cudaSuccess && (e = cudaEventSynchronize(c->stop)) == cudaSuccess)
+            e = cudaEventElapsedTime(&ms, c->start, c->stop);
         if (r >= 0) per[r] = ms * 1e3 / batch;
     }
+    cudaGraphExecDestroy(exec);
+    CUDA_CHECK(e);
     *median_us = median_of(per, reps);
     return MOE_OK;
 }
