@@ -124,6 +124,10 @@ if [ -x "$BUILD/tests/test_cuda_forward" ]; then
     # the same comparison with prompts run through the decode step token by token
     step forward_decode 200 "$OUT/forward.log" env MOE_CUDA_PREFILL=0 "$BUILD/tests/test_cuda_forward"
 fi
+if [ -x "$BUILD/tests/test_cuda_forward" ] && [ -x "$MOE" ]; then
+    # every transformers fixture (f32, bf16, q8_0) on the GPU against the CPU
+    step golden_gpu 150 "$OUT/forward.log" bash scripts/golden_gpu_check.sh "$MOE" "$BUILD/tests/test_cuda_forward" /tmp/moe-golden
+fi
 if [ -x "$BUILD/tests/test_engine" ]; then
     step engine 60 "$OUT/forward.log" "$BUILD/tests/test_engine"
 fi
@@ -196,11 +200,12 @@ fi
     echo
     echo "| step | exit | what |"
     echo "| --- | --- | --- |"
-    for s in configure build kernels forward forward_decode engine bench lab forward30b run_cuda bench_json at_scale; do
+    for s in configure build kernels forward forward_decode golden_gpu engine bench lab forward30b run_cuda bench_json at_scale; do
         echo "| $s | ${STATUS[$s]:-not run} | $(case $s in
             kernels) grep -E "passed|FAIL" "$OUT/kernels.log" 2>/dev/null | tail -1 ;;
             forward) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | head -1 ;;
             forward_decode) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | sed -n 2p ;;
+            golden_gpu) grep -E "^golden on the GPU" "$OUT/forward.log" 2>/dev/null | tail -1 ;;
             engine) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | sed -n 3p ;;
             forward30b) grep -E "worst rel L2|passed" "$OUT/forward30b.log" 2>/dev/null | tr '\n' ' ' | cut -c1-200 ;;
             run_cuda) grep -E "tok/s" "$OUT/forward.log" 2>/dev/null | tail -1 | cut -c1-200 ;;

@@ -49,9 +49,14 @@ struct attn_shape {
 
 #define ATTN_MAX_G 16 /* query heads per KV head: warps of a block */
 
+/* This lane's DPL dims at p; `mine` is false for the idle lanes of a head
+ * narrower than a warp (hd < 32, one dim a lane): zeros, nothing stored. */
 template <int DPL>
-__device__ __forceinline__ void load_dims(const float *p, float *v) {
-    if (DPL == 1) {
+__device__ __forceinline__ void load_dims(const float *p, float *v, bool mine) {
+    if (!mine) {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) v[i] = 0.0f;
+    } else if (DPL == 1) {
         v[0] = *p;
     } else if (DPL == 2) {
         float2 t = *(const float2 *)p;
@@ -66,7 +71,8 @@ __device__ __forceinline__ void load_dims(const float *p, float *v) {
 }
 
 template <int DPL>
-__device__ __forceinline__ void store_dims(float *p, const float *v) {
+__device__ __forceinline__ void store_dims(float *p, const float *v, bool mine) {
+    if (!mine) return;
 #pragma unroll
     for (int i = 0; i < DPL; i++) p[i] = v[i];
 }
@@ -151,18 +157,19 @@ template <int DPL>
 __device__ __forceinline__ void prepare(const attn_args &a, int g, int h, int pos, float *q, float *k, float *v) {
     const int G = a.n_heads / a.n_kv, hd = a.hd, lane = threadIdx.x & 31, d0 = lane * DPL;
     const int q_dim = a.n_heads * hd, kv_dim = a.n_kv * hd;
-    load_dims<DPL>(a.qkv + (g * G + h) * hd + d0, q);
-    load_dims<DPL>(a.qkv + q_dim + g * hd + d0, k);
-    load_dims<DPL>(a.qkv + q_dim + kv_dim + g * hd + d0, v);
+    const bool mine = d0 < hd;
+    load_dims<DPL>(a.qkv + (g * G + h) * hd + d0, q, mine);
+    load_dims<DPL>(a.qkv + q_dim + g * hd + d0, k, mine);
+    load_dims<DPL>(a.qkv + q_dim + kv_dim + g * hd + d0, v, mine);
     float wq[DPL], wk[DPL];
     if (a.qk_norm == QK_NORM_PER_HEAD) {
-        load_dims<DPL>(a.q_norm + d0, wq);
-        load_dims<DPL>(a.k_norm + d0, wk);
+        load_dims<DPL>(a.q_norm + d0, wq, mine);
+        load_dims<DPL>(a.k_norm + d0, wk, mine);
         norm_head<DPL>(q, wq, sum_squares<DPL>(q), hd, a.eps);
         norm_head<DPL>(k, wk, sum_squares<DPL>(k), hd, a.eps);
     } else if (a.qk_norm == QK_NORM_FULL) {
-        load_dims<DPL>(a.q_norm + (g * G + h) * hd + d0, wq);
-        load_dims<DPL>(a.k_norm + g * hd + d0, wk);
+        load_dims<DPL>(a.q_norm + (g * G + h) * hd + d0, wq, mine);
+        load_dims<DPL>(a.k_norm + g * hd + d0, wk, mine);
         norm_head<DPL>(q, wq, sum_squares_strided(a.qkv, q_dim, lane), q_dim, a.eps);
         norm_head<DPL>(k, wk, sum_squares_strided(a.qkv + q_dim, kv_dim, lane), kv_dim, a.eps);
     }
@@ -177,6 +184,7 @@ __device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int s
                                        const float *k_new, const float *v_new, float &m, float &l, float *acc) {
     constexpr int B = attn_shape<DPL>::BATCH;
     const int kv_dim = a.n_kv * a.hd, d0 = (threadIdx.x & 31) * DPL;
+    const bool mine = d0 < a.hd;
     const float *k_cache = a.k_cache + g * a.hd + d0, *v_cache = a.v_cache + g * a.hd + d0;
     const float scale = 1.0f / sqrtf((float)a.hd);
 #pragma unroll 1
@@ -186,8 +194,8 @@ __device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int s
         for (int j = 0; j < B; j++) {
             const int p = p0 + j;
             if (p < end && p != pos) {
-                load_dims<DPL>(k_cache + (int64_t)p * kv_dim, kr[j]);
-                load_dims<DPL>(v_cache + (int64_t)p * kv_dim, vr[j]);
+                load_dims<DPL>(k_cache + (int64_t)p * kv_dim, kr[j], mine);
+                load_dims<DPL>(v_cache + (int64_t)p * kv_dim, vr[j], mine);
             } else {
 #pragma unroll
                 for (int i = 0; i < DPL; i++) kr[j][i] = k_new[i], vr[j][i] = v_new[i];
@@ -213,6 +221,7 @@ __device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int s
 template <int DPL>
 __device__ __forceinline__ void merge_splits(const attn_args &a, int g, int h, int n) {
     const int G = a.n_heads / a.n_kv, hd = a.hd, lane = threadIdx.x & 31, d0 = lane * DPL;
+    const bool mine = d0 < hd;
     const float *part = a.part + ((size_t)g * a.n_splits * G + h) * (hd + 2);
     const size_t stride = (size_t)G * (hd + 2); /* between splits */
     float ms[2], ls[2];                        /* splits lane and lane + 32 (n <= 64) */
@@ -235,11 +244,11 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, int g, int h, i
         const float w = __shfl_sync(FULL_MASK, s < 32 ? f[0] : f[1], s & 31) / L;
         float o[DPL];
 #pragma unroll
-        for (int i = 0; i < DPL; i++) o[i] = __ldcg(part + s * stride + 2 + d0 + i);
+        for (int i = 0; i < DPL; i++) o[i] = mine ? __ldcg(part + s * stride + 2 + d0 + i) : 0.0f;
 #pragma unroll
         for (int i = 0; i < DPL; i++) out[i] += w * o[i];
     }
-    store_dims<DPL>(a.out + (g * G + h) * hd + d0, out);
+    store_dims<DPL>(a.out + (g * G + h) * hd + d0, out, mine);
 }
 
 template <int DPL>
@@ -248,6 +257,7 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     constexpr int B = attn_shape<DPL>::BATCH;
     const int G = a.n_heads / a.n_kv, hd = a.hd, g = blockIdx.x, split = blockIdx.y, S = a.n_splits;
     const int h = threadIdx.x >> 5, lane = threadIdx.x & 31, d0 = lane * DPL, kv_dim = a.n_kv * hd;
+    const bool mine = d0 < hd;
     pdl_wait();
     pdl_launch_dependents();
     const int pos = a.step[1], n_pos = pos + 1;
@@ -258,8 +268,8 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     float q[DPL], k[DPL], v[DPL];
     prepare<DPL>(a, g, h, pos, q, k, v);
     if (h == 0 && pos >= start && pos < end) {
-        store_dims<DPL>(a.k_cache + (int64_t)pos * kv_dim + g * hd + d0, k);
-        store_dims<DPL>(a.v_cache + (int64_t)pos * kv_dim + g * hd + d0, v);
+        store_dims<DPL>(a.k_cache + (int64_t)pos * kv_dim + g * hd + d0, k, mine);
+        store_dims<DPL>(a.v_cache + (int64_t)pos * kv_dim + g * hd + d0, v, mine);
     }
     float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
@@ -269,20 +279,22 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     if (n_active == 1) { /* the whole range was this block's */
 #pragma unroll
         for (int i = 0; i < DPL; i++) acc[i] /= l;
-        store_dims<DPL>(a.out + (g * G + h) * hd + d0, acc);
+        store_dims<DPL>(a.out + (g * G + h) * hd + d0, acc, mine);
         return;
     }
     float *part = a.part + ((size_t)(g * S + split) * G + h) * (hd + 2);
-    store_dims<DPL>(part + 2 + d0, acc);
+    store_dims<DPL>(part + 2 + d0, acc, mine);
     if (lane == 0) part[0] = m, part[1] = l;
     if (!last_block(a.counters + g, n_active, &flag)) return;
     merge_splits<DPL>(a, g, h, n_active);
 }
 
-/* A lane holds hd / 32 dims, rotary pairs must not straddle lanes unevenly,
+/* A lane holds hd / 32 dims (one, or none, below 32), rotary pairs must not straddle lanes unevenly,
  * a block is at most ATTN_MAX_G warps, and the merge reads at most 64 splits. */
 bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits) {
-    return (hd == 32 || hd == 64 || hd == 128 || hd == 256) && n_rot % 2 == 0 && (n_rot / 2) % (hd / 32) == 0 && G >= 1 &&
+    const int dims_per_lane = hd > 32 ? hd / 32 : 1;
+    return ((hd <= 32 && hd % 2 == 0) || hd == 64 || hd == 128 || hd == 256) && n_rot % 2 == 0 &&
+           (n_rot / 2) % dims_per_lane == 0 && G >= 1 &&
            G <= ATTN_MAX_G && n_splits >= 1 && n_splits <= 64;
 }
 
@@ -290,7 +302,7 @@ void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl) {
     const size_t smem = 0; /* registers and L1 only */
     const dim3 grid(a->n_kv, a->n_splits);
     const int threads = 32 * (a->n_heads / a->n_kv);
-    if (a->hd == 32) LAUNCH_PDL(pdl, attention_kernel<1>, grid, threads, smem, st, *a);
+    if (a->hd <= 32) LAUNCH_PDL(pdl, attention_kernel<1>, grid, threads, smem, st, *a);
     else if (a->hd == 64) LAUNCH_PDL(pdl, attention_kernel<2>, grid, threads, smem, st, *a);
     else if (a->hd == 128) LAUNCH_PDL(pdl, attention_kernel<4>, grid, threads, smem, st, *a);
     else LAUNCH_PDL(pdl, attention_kernel<8>, grid, threads, smem, st, *a);

@@ -510,17 +510,10 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         s->n_ff_routed = c->n_ff;
         s->h_len = c->n_ff;
     }
-    /* attention splits: one wave of blocks (one per multiprocessor: the
-     * kernel's registers allow no more) at long contexts (attention.cu) */
-    const int G = c->n_heads / c->n_kv_heads;
+    /* attention splits: about one block per multiprocessor at long contexts (attention.cu) */
     s->attn_splits = g->n_sm / c->n_kv_heads;
     if (s->attn_splits > 64) s->attn_splits = 64;
     if (s->attn_splits < 1) s->attn_splits = 1;
-    if (!cuda_attention_supported(G, c->head_dim, c->n_rot, s->attn_splits)) {
-        free(s);
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the GPU attention has no kernel for %d query heads per KV head of %d dimensions",
-                             G, c->head_dim);
-    }
     s->max_grid = g->n_sm * 32;
 
     size_t need = 0, free_b = 0, total_b = 0;

@@ -101,11 +101,14 @@ moe_status upload_rows(uploader *u, int type, int n_experts, const uint8_t *cons
                                          "(it runs f32 f16 bf16 q8_0 q4_0 q5_0 iq4_nl q4_k q5_k q6_k; use --device cpu "
                                          "or moe quantize)",
                                          name, quant_format_of((uint32_t)type)->name);
-    if (cols % 32 != 0 || cols % f->block != 0 || rows > (1 << 30) || cols > (1 << 24))
+    /* Quantized activations come in blocks of 32; f32 ones in 16-byte units
+     * (8 values covers f32, f16 and bf16 rows). */
+    const int multiple = f->act == ACT_F32 ? 8 : 32;
+    if (cols % multiple != 0 || cols % f->block != 0 || rows > (1 << 30) || cols > (1 << 24))
         return u->status = moe_error_set(err, MOE_ERR_UNSUPPORTED,
                                          "tensor %s: %lld x %lld is not a shape the CUDA kernels take (columns must "
-                                         "be a multiple of 32 and of %d)",
-                                         name, (long long)rows, (long long)cols, f->block);
+                                         "be a multiple of %d and of %d)",
+                                         name, (long long)rows, (long long)cols, multiple, f->block);
     const int nb = (int)(cols / f->block);
     const size_t src_row = quant_row_bytes((moe_type)type, cols);
     const size_t row_stride = align16((size_t)nb * f->body), meta_stride = (size_t)nb * f->meta;
@@ -222,12 +225,12 @@ static moe_status upload_model(uploader *u, cuda_model *g) {
 /* ---------------------------------------------------------------- the model */
 
 static moe_status check_config(const model_config *c, moe_error *err) {
-    int G = c->n_heads / c->n_kv_heads;
-    if (c->head_dim % 32 != 0 || c->head_dim > 256)
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the CUDA attention takes head dimensions of 32 to 256 in steps of 32, not %d",
-                             c->head_dim);
-    if (G > 16)
-        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the CUDA attention takes at most 16 query heads per KV head, not %d", G);
+    const int G = c->n_heads / c->n_kv_heads;
+    if (!cuda_attention_supported(G, c->head_dim, c->n_rot, 1))
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "the CUDA attention has no kernel for heads of %d dimensions (%d rotated), %d query heads "
+                             "per KV head (it takes even sizes up to 32, or 64, 128, 256 dimensions, and up to 16 query heads)",
+                             c->head_dim, c->n_rot, G);
     if (c->n_experts && c->n_experts_used > MAX_EXPERTS_USED)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the CUDA backend routes to at most %d experts per token, not %d",
                              MAX_EXPERTS_USED, c->n_experts_used);

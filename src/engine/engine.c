@@ -5,7 +5,8 @@
  * session owns a backend state (the KV cache and activations), the sampler
  * and the logits of the last position. The backend is chosen when the model
  * loads: CUDA for MOE_DEVICE_CUDA, or for MOE_DEVICE_AUTO when the build
- * has CUDA and the machine a GPU; the CPU otherwise. Sessions then call
+ * has CUDA, the machine a GPU and the GPU kernels cover the model (head
+ * size, experts per token); the CPU otherwise. Sessions then call
  * cpu_forward or cuda_forward, which take the same arguments.
  */
 #include <stdlib.h>
@@ -39,7 +40,11 @@ moe_status moe_model_load(const char *path, const moe_model_params *params, moe_
     if (st == MOE_OK && tokenizer_n_vocab(m->tok) > (uint32_t)m->weights->config.n_vocab)
         st = moe_error_set(err, MOE_ERR_FORMAT, "%s: the vocabulary has %u tokens but the embedding only %d rows", path,
                            tokenizer_n_vocab(m->tok), m->weights->config.n_vocab);
-    if (st == MOE_OK && use_cuda) st = cuda_model_new(m->weights, &m->gpu, err);
+    if (st == MOE_OK && use_cuda) {
+        st = cuda_model_new(m->weights, &m->gpu, err);
+        /* auto: a model the GPU kernels do not cover runs on the CPU */
+        if (st == MOE_ERR_UNSUPPORTED && p.device == MOE_DEVICE_AUTO) st = MOE_OK;
+    }
     if (st != MOE_OK) {
         moe_model_free(m);
         return st;

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# scripts/golden_gpu_check.sh — every transformers fixture (tests/golden)
+# on the GPU against the CPU reference: each is converted with `moe
+# convert` to f32, bf16 and q8_0 and run through tests/test_cuda_forward
+# (teacher-forced logits over 64 positions, the batched prefill, decode
+# after it). Prints one line per file and a closing count.
+# usage: golden_gpu_check.sh MOE TEST_CUDA_FORWARD SCRATCH_DIR
+set -u
+moe=$1 test=$2 dir=$3
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$dir"
+passed=0 failed=0
+for fixture in "$root"/tests/golden/fixtures/*/; do
+    name=$(basename "$fixture")
+    for type in f32 bf16 q8_0; do
+        out=$dir/$name.$type.gguf
+        if ! "$moe" convert -q --type "$type" "$fixture" "$out" >"$dir/convert.log" 2>&1; then
+            echo "FAIL $name $type: moe convert: $(head -c 200 "$dir/convert.log")"
+            failed=$((failed + 1))
+            continue
+        fi
+        if MOE_TEST_SKIP_SYNTH=1 MOE_TEST_MODEL=$out "$test" >"$dir/run.log" 2>&1; then
+            passed=$((passed + 1))
+            grep -E "worst rel L2" "$dir/run.log" | sed "s|$dir/||" | head -2
+        else
+            failed=$((failed + 1))
+            echo "FAIL $name $type"
+            grep -E "FAIL|worst" "$dir/run.log" | sed "s|$dir/||" | head -4
+        fi
+    done
+done
+echo "golden on the GPU: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
