@@ -289,7 +289,7 @@ run:
 
 /* ---------------------------------------------------------------- the batched prefill */
 
-#define PREFILL_TOL       2e-2
+#define PREFILL_TOL       2e-2 /* up to 8 layers; deeper models: times sqrt(layers / 8), see prefill_tol */
 #define PREFILL_NEAR_TIES 16  /* MoE: at most one position (or step) in 16 may be a routing near-tie */
 #define PREFILL_CEIL      0.5 /* ... moved by at most this much (unrelated logits: ~1.4) */
 #define PREFILL_STEPS     16
@@ -328,25 +328,30 @@ static float *prefill_logits(cuda_model *g, const model *m, const int32_t *ids, 
     return logits;
 }
 
-/* n rows against their references: every one within PREFILL_TOL, except
- * that MoE models may have a few near-tie rows up to PREFILL_CEIL.
- * Returns the worst error; *ties counts the rows over PREFILL_TOL. */
-static double check_rows(const float *got, const float *want, int n, int vocab, bool moe, const char *label,
-                         const char *what, int *ties) {
+/* The bound for a model of n_layers: each layer adds its own bf16
+ * roundings, independent of the others', so the error grows about as the
+ * square root of the depth (48-layer Qwen3-30B-A3B: 0.049). */
+static double prefill_tol(int n_layers) { return PREFILL_TOL * (n_layers > 8 ? sqrt(n_layers / 8.0) : 1.0); }
+
+/* n rows against their references: every one within tol, except that MoE
+ * models may have a few near-tie rows up to PREFILL_CEIL. Returns the
+ * worst error; *ties counts the rows over tol. */
+static double check_rows(const float *got, const float *want, int n, int vocab, bool moe, double tol,
+                         const char *label, const char *what, int *ties) {
     double worst = 0;
     int worst_at = 0, over_ceil = 0;
     *ties = 0;
     for (int t = 0; t < n; t++) {
         double e = rel_l2(got + (size_t)t * vocab, want + (size_t)t * vocab, vocab);
         if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "    %s %d: %.3g\n", what, t, e);
-        if (!(e <= PREFILL_TOL)) (*ties)++;
+        if (!(e <= tol)) (*ties)++;
         if (!(e <= PREFILL_CEIL)) over_ceil++;
         if (!(e <= worst)) worst = e, worst_at = t;
     }
     const int allowed = moe ? (n + PREFILL_NEAR_TIES - 1) / PREFILL_NEAR_TIES : 0;
     CHECKF(*ties <= allowed && over_ceil == 0,
-           "%s: %s: %d of %d over %.0e (%d allowed), %d over %.1f; worst %.3g at %d", label, what, *ties, n,
-           PREFILL_TOL, allowed, over_ceil, PREFILL_CEIL, worst, worst_at);
+           "%s: %s: %d of %d over %.2g (%d allowed), %d over %.1f; worst %.3g at %d", label, what, *ties, n,
+           tol, allowed, over_ceil, PREFILL_CEIL, worst, worst_at);
     return worst;
 }
 
@@ -396,12 +401,13 @@ static void check_prefill(const model *m, const model *exact, const char *label,
     float *got = prefill_logits(g, m, ids, n, 0, &whole);
     float *got2 = prefill_logits(g, m, ids, n, split, &parts);
     int ties = 0, ties2 = 0, ties_d = 0, same = 0;
-    const double e1 = check_rows(got, want, n, vocab, moe, label, "position", &ties);
-    const double e2 = check_rows(got2, want, n, vocab, moe, label, "position (split prompt)", &ties2);
+    const double tol = prefill_tol(m->config.n_layers);
+    const double e1 = check_rows(got, want, n, vocab, moe, tol, label, "position", &ties);
+    const double e2 = check_rows(got2, want, n, vocab, moe, tol, label, "position (split prompt)", &ties2);
     double ed = 0;
     if (parts) {
         decode_after(g, m, parts, ids, n, la, lb, &same);
-        ed = check_rows(la, lb, PREFILL_STEPS, vocab, moe, label, "decode step after the prefill", &ties_d);
+        ed = check_rows(la, lb, PREFILL_STEPS, vocab, moe, tol, label, "decode step after the prefill", &ties_d);
     }
     printf("  %-27s %3d positions: worst rel L2 %.3g, split at %d %.3g (near-ties %d, %d); decode after %.3g (%d), "
            "greedy %d/%d\n",

@@ -423,6 +423,8 @@ static void test_prefill_attention(void) {
         {40, 31, 8, 2, 128, 128, false, false, true, QK_NORM_NONE, 0.25f},     /* Llama 3: factors, scaling */
         {3, 200, 16, 1, 256, 64, true, false, false, QK_NORM_PER_HEAD, 1.0f},  /* G = 16, hd 256, partial RoPE */
         {129, 0, 2, 2, 32, 32, false, false, false, QK_NORM_NONE, 1.0f},       /* hd 32, three tiles */
+        {20, 9, 4, 2, 24, 24, true, false, false, QK_NORM_PER_HEAD, 1.0f},     /* hd 24: part of a warp */
+        {12, 3, 8, 2, 8, 8, false, false, false, QK_NORM_NONE, 1.0f},         /* hd 8 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_prefill_attention(&cases[i]);

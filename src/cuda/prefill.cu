@@ -242,7 +242,7 @@ static size_t attention_smem(int G, int hd) {
  * warp per key for the scores, a thread per dimension for the values. */
 static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const prefill_attn a) {
     DYN_SMEM(float, sm);
-    const int t = blockIdx.x, g = blockIdx.y, G = a.n_heads / a.n_kv, hd = a.hd, nd = hd / 32;
+    const int t = blockIdx.x, g = blockIdx.y, G = a.n_heads / a.n_kv, hd = a.hd;
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
     const int kv_dim = a.n_kv * hd, n_pos = a.pos + t + 1;
     float *qs = sm, *sc = qs + G * hd, *m = sc + G * ATT_TILE, *l = m + G, *corr = l + G;
@@ -266,12 +266,12 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const pre
             float kr[8];
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                kr[i] = i < nd ? key[lane + 32 * i] : 0.0f;
+                kr[i] = lane + 32 * i < hd ? key[lane + 32 * i] : 0.0f; /* heads of any size up to 256 */
             for (int h = 0; h < G; h++) {
                 float dot = 0.0f;
 #pragma unroll
                 for (int i = 0; i < 8; i++)
-                    if (i < nd) dot += qs[h * hd + lane + 32 * i] * kr[i];
+                    if (lane + 32 * i < hd) dot += qs[h * hd + lane + 32 * i] * kr[i];
                 dot = warp_sum(dot);
                 if (lane == 0) sc[h * ATT_TILE + j] = dot * scale;
             }
@@ -804,7 +804,7 @@ moe_status cuda_test_dequant(moe_type type, int n_experts, int rows, int cols, c
 moe_status cuda_test_prefill_attention(const cuda_test_attention *c, float *k_cache, float *v_cache, float *out,
                                        moe_error *err) {
     const int T = c->n_tokens, q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
-    if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > ATT_MAX_G || c->head_dim % 32 || c->head_dim > 256 ||
+    if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > ATT_MAX_G || c->head_dim % 2 || c->head_dim > 256 ||
         c->n_rot > c->head_dim || c->pos + T > c->n_ctx)
         return moe_error_set(err, MOE_ERR_RANGE, "attention test: a shape the kernels do not take");
     const size_t qkv_n = (size_t)T * (q_dim + 2 * kv_dim), cache_n = (size_t)c->n_ctx * kv_dim;
