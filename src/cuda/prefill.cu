@@ -151,8 +151,7 @@ struct prefill_attn {
     const float *q_norm, *k_norm; /* or NULL */
     int qk_norm;                  /* qk_norm_kind */
     float eps;
-    const float *rope_freqs; /* or NULL */
-    float rope_base, freq_scale;
+    const float *rope;        /* (n_ctx, n_rot): cos | sin of each position's angles (attention.cu) */
     int n_rot, neox;
     float *k_cache, *v_cache; /* this layer: (n_ctx, kv_dim) */
     float *out;               /* (T, q_dim) */
@@ -177,7 +176,6 @@ static __device__ void rms_head(float *p, int n, const float *w, float eps, int 
  * and v into the cache. All of a chunk's keys are in the cache before the
  * attention kernel starts. */
 static __global__ void __launch_bounds__(ROW_THREADS) qk_prepare_kernel(const prefill_attn a) {
-    __shared__ float rope_cs[256]; /* cos | sin of each pair, n_rot <= 256 */
     __shared__ double scratch[32];
     const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
     const int pos = a.pos + blockIdx.x, half = a.n_rot / 2;
@@ -189,13 +187,7 @@ static __global__ void __launch_bounds__(ROW_THREADS) qk_prepare_kernel(const pr
         k[i] += a.bk[i];
     for (int i = tid; a.bv && i < kv_dim; i += nt)
         v[i] += a.bv[i];
-    for (int i = tid; i < half; i += nt) { /* angles as cpu_rope: double, then float */
-        double freq = pow((double)a.rope_base, -2.0 * i / a.n_rot);
-        if (a.rope_freqs) freq /= a.rope_freqs[i];
-        const double angle = (double)pos * (double)a.freq_scale * freq;
-        rope_cs[i] = (float)cos(angle);
-        rope_cs[half + i] = (float)sin(angle);
-    }
+    const float *rope_cs = a.rope + (int64_t)pos * a.n_rot;
     __syncthreads();
     if (a.qk_norm == QK_NORM_PER_HEAD) {
         for (int h = warp; h < a.n_heads + a.n_kv; h += nw)
@@ -514,8 +506,7 @@ static moe_status attention_layer(cuda_state *s, int l, int T, int pos, moe_erro
     a.q_norm = w->q_norm, a.k_norm = w->k_norm;
     a.qk_norm = c->arch->qk_norm;
     a.eps = c->rms_eps;
-    a.rope_freqs = s->g->rope_freqs;
-    a.rope_base = c->rope_base, a.freq_scale = c->rope_freq_scale;
+    a.rope = s->rope;
     a.n_rot = c->n_rot, a.neox = c->arch->rope == ROPE_NEOX;
     a.k_cache = s->k_cache + (size_t)l * s->n_ctx * kv;
     a.v_cache = s->v_cache + (size_t)l * s->n_ctx * kv;
@@ -801,6 +792,19 @@ moe_status cuda_test_dequant(moe_type type, int n_experts, int rows, int cols, c
     return st;
 }
 
+/* The decode step's RoPE table (cuda_rope_table) for a test's angles. */
+static cudaError_t upload_rope_table(test_allocs *t, const cuda_test_attention *c, const float **out) {
+    model_config rc;
+    memset(&rc, 0, sizeof rc);
+    rc.rope_base = c->rope_base, rc.rope_freq_scale = c->freq_scale, rc.n_rot = c->n_rot;
+    float *table = (float *)malloc((size_t)c->n_ctx * c->n_rot * sizeof(float));
+    if (!table) return cudaErrorMemoryAllocation;
+    cuda_rope_table(&rc, c->rope_freqs, c->n_ctx, table);
+    cudaError_t e = test_upload(t, table, (size_t)c->n_ctx * c->n_rot, out);
+    free(table);
+    return e;
+}
+
 moe_status cuda_test_prefill_attention(const cuda_test_attention *c, float *k_cache, float *v_cache, float *out,
                                        moe_error *err) {
     const int T = c->n_tokens, q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
@@ -821,7 +825,7 @@ moe_status cuda_test_prefill_attention(const cuda_test_attention *c, float *k_ca
     if (e == cudaSuccess) e = test_upload(&t, c->bv, kv_dim, &a.bv);
     if (e == cudaSuccess) e = test_upload(&t, c->q_norm, qn, &a.q_norm);
     if (e == cudaSuccess) e = test_upload(&t, c->k_norm, kn, &a.k_norm);
-    if (e == cudaSuccess) e = test_upload(&t, c->rope_freqs, (size_t)c->n_rot / 2, &a.rope_freqs);
+    if (e == cudaSuccess) e = upload_rope_table(&t, c, &a.rope);
     if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.k_cache, cache_n * sizeof(float));
     if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.v_cache, cache_n * sizeof(float));
     if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.out, (size_t)T * q_dim * sizeof(float));
@@ -837,7 +841,6 @@ moe_status cuda_test_prefill_attention(const cuda_test_attention *c, float *k_ca
         a.qkv_stride = q_dim + 2 * kv_dim;
         a.qk_norm = c->qk_norm;
         a.eps = c->eps;
-        a.rope_base = c->rope_base, a.freq_scale = c->freq_scale;
         a.n_rot = c->n_rot, a.neox = c->neox;
         a.pos = c->pos, a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.hd = c->head_dim;
         launch_attention(&a, T, 0);
