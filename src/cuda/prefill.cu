@@ -57,7 +57,7 @@
 
 #define PREFILL_CHUNK        512                /* tokens per pass through the layers */
 #define PREFILL_MIN_TOKENS   16                 /* fewer go through the decode step (see the top) */
-#define PREFILL_EXPERT_BYTES ((int64_t)1 << 30) /* bf16 scratch for one batch of experts */
+#define PREFILL_EXPERT_BYTES ((int64_t)256 << 20) /* bf16 scratch for one batch of experts: a few % of a 17 GB model */
 #define ROW_THREADS          256
 #define ATT_THREADS          128
 #define ATT_TILE             64 /* positions whose scores a block holds at once */
