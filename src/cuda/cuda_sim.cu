@@ -196,7 +196,11 @@ cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "moe.c CUDA simulator (CPU)");
-    p->multiProcessorCount = 2;
+    /* MOE_SIM_SMS: more multiprocessors make the kernels split work the
+     * way they do on a real GPU (attention over several splits and their
+     * merge); 2 keeps the simulation quick. */
+    const char *sms = getenv("MOE_SIM_SMS");
+    p->multiProcessorCount = sms && atoi(sms) > 0 ? atoi(sms) : 2;
     p->l2CacheSize = 1 << 20;
     p->sharedMemPerBlockOptin = SIM_SMEM;
     p->totalGlobalMem = (size_t)8 << 30;
