@@ -12,8 +12,9 @@
  * read from device memory, so one graph serves every position and a decode
  * loop never returns to the host (cuda_decode_greedy).
  *
- * Builds without CUDA get inline stubs: cuda_available() is false and the
- * constructors fail with a message that says the build has no CUDA.
+ * Builds without CUDA get inline versions that report no GPU:
+ * cuda_available() is false and the constructors fail with a message that
+ * says the build has no CUDA.
  */
 #ifndef MOE_CUDA_BACKEND_H
 #define MOE_CUDA_BACKEND_H

@@ -6,33 +6,17 @@
  * three __byte_perm of the table held as four immediates (no memory
  * lookups), then dp4a against Q8_0 activations. 4 units in flight.
  */
-#include "cuda/kernels.cuh"
+#include "cuda/fp16_scale.cuh"
 
 static constexpr unsigned pack4(int a, int b, int c, int d) {
     return (unsigned)(a & 0xff) | (unsigned)(b & 0xff) << 8 | (unsigned)(c & 0xff) << 16 | (unsigned)(d & 0xff) << 24;
 }
 
-struct fmt_iq4_nl {
+struct fmt_iq4_nl : fp16_scale_block<16> {
     static constexpr int TYPE = MOE_TYPE_IQ4_NL, ACT = ACT_Q80, N = 4;
-    static constexpr int BLOCK = 32, BODY = 16, META = 2, UNITS = 1;
+    static constexpr int BLOCK = 32;
     static constexpr unsigned T0 = pack4(-127, -104, -83, -65), T1 = pack4(-49, -35, -22, -10);
     static constexpr unsigned T2 = pack4(1, 13, 25, 38), T3 = pack4(53, 69, 89, 113);
-    static void repack(const uint8_t *src, uint8_t *body, uint8_t *meta, int nb) {
-        for (int b = 0; b < nb; b++) {
-            memcpy(meta + (size_t)b * 2, src + (size_t)b * 18, 2);
-            memcpy(body + (size_t)b * 16, src + (size_t)b * 18 + 2, 16);
-        }
-    }
-    struct raw {
-        uint4 q;
-        unsigned d;
-    };
-    static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *meta, int u) {
-        raw r;
-        r.q = ldg16(body + 16 * u);
-        r.d = ldg_u16(meta + 2 * u);
-        return r;
-    }
     /* codebook values of the four nibbles of the low 16 bits of v */
     static __device__ __forceinline__ unsigned lookup4(unsigned v) {
         const unsigned lo = __byte_perm(T0, T1, v), hi = __byte_perm(T2, T3, v);

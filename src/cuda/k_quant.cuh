@@ -2,12 +2,20 @@
  * k_quant.cuh — what the K-quant family files (q4_k.cu, q5_k.cu) share on
  * the device: the 6-bit scales and mins of sub-block j from a block's
  * 16-byte header (bytes 4..15 = h.y, h.z, h.w), as k_scale_min_get in
- * src/quant/k_quant.h reads them.
+ * src/quant/k_quant.h reads them, and a unit's dot product and
+ * dequantization once the format has unpacked its codes.
+ *
+ * Unit u of a block (8 a block) covers group g = (u % 8) / 2 of 64 weights,
+ * half hh = u % 2: codes lo[] are weights 64g + 16hh + i (sub-block 2g),
+ * hi[] weights 64g + 32 + 16hh + i (sub-block 2g + 1), four a word.
+ * Against Q8_K activations:
+ *     d8 * (d * (sc0 * dot_lo + sc1 * dot_hi) - dmin * (m0 * s_lo + m1 * s_hi))
+ * with dot_* from 4 dp4a each and s_* the activation sums of those 16.
  */
 #ifndef MOE_CUDA_K_QUANT_CUH
 #define MOE_CUDA_K_QUANT_CUH
 
-#include "cuda/cuda_compat.cuh"
+#include "cuda/kernels.cuh"
 
 __device__ __forceinline__ void k_scale_min(const uint4 &h, int j, int *sc, int *m) {
     if (j < 4) {
@@ -17,6 +25,44 @@ __device__ __forceinline__ void k_scale_min(const uint4 &h, int j, int *sc, int 
         const int s = 8 * (j - 4);
         *sc = ((h.w >> s) & 0x0f) | (((h.y >> s) >> 6 & 3) << 4);
         *m = ((h.w >> s) >> 4 & 0x0f) | (((h.z >> s) >> 6 & 3) << 4);
+    }
+}
+
+__device__ __forceinline__ float k_unit_dot(const uint4 &h, const unsigned lo[4], const unsigned hi[4],
+                                            const act_view &a, int act_off, int u) {
+    const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
+    int sc0, m0, sc1, m1;
+    k_scale_min(h, 2 * g, &sc0, &m0);
+    k_scale_min(h, 2 * g + 1, &sc1, &m1);
+    const int e = act_off + b * 256 + 64 * g + 16 * hh;
+    const int4 al4 = *(const int4 *)(a.q + e), ah4 = *(const int4 *)(a.q + e + 32);
+    const int al[4] = {al4.x, al4.y, al4.z, al4.w}, ah[4] = {ah4.x, ah4.y, ah4.z, ah4.w};
+    int dot_lo = 0, dot_hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        dot_lo = __dp4a((int)lo[i], al[i], dot_lo);
+        dot_hi = __dp4a((int)hi[i], ah[i], dot_hi);
+    }
+    const int sum_q = sc0 * dot_lo + sc1 * dot_hi;
+    const int sum_m = m0 * a.s16[e >> 4] + m1 * a.s16[(e + 32) >> 4];
+    const float ad = a.d[(act_off + b * 256) >> 8];
+    const float d = h2f((uint16_t)(h.x & 0xffff)) * ad, dmin = h2f((uint16_t)(h.x >> 16)) * ad;
+    return d * (float)sum_q - dmin * (float)sum_m;
+}
+
+__device__ __forceinline__ void k_unit_dequant(const uint4 &h, const unsigned lo[4], const unsigned hi[4], int u,
+                                               float *out) {
+    const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
+    int sc0, m0, sc1, m1;
+    k_scale_min(h, 2 * g, &sc0, &m0);
+    k_scale_min(h, 2 * g + 1, &sc1, &m1);
+    const float d = h2f((uint16_t)(h.x & 0xffff)), dmin = h2f((uint16_t)(h.x >> 16));
+    const float s0 = d * sc0, n0 = dmin * m0, s1 = d * sc1, n1 = dmin * m1;
+    float *y = out + b * 256 + 64 * g + 16 * hh;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        y[i] = s0 * (float)((lo[i >> 2] >> (8 * (i & 3))) & 0xff) - n0;
+        y[32 + i] = s1 * (float)((hi[i >> 2] >> (8 * (i & 3))) & 0xff) - n1;
     }
 }
 

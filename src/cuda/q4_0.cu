@@ -6,27 +6,11 @@
  * meta (d). Unit = one block. Codes minus 8 with __vsub4, dp4a against
  * Q8_0 activations: sum * (d_w * d_a), as the CPU. 4 units in flight.
  */
-#include "cuda/kernels.cuh"
+#include "cuda/fp16_scale.cuh"
 
-struct fmt_q4_0 {
+struct fmt_q4_0 : fp16_scale_block<16> {
     static constexpr int TYPE = MOE_TYPE_Q4_0, ACT = ACT_Q80, N = 4;
-    static constexpr int BLOCK = 32, BODY = 16, META = 2, UNITS = 1;
-    static void repack(const uint8_t *src, uint8_t *body, uint8_t *meta, int nb) {
-        for (int b = 0; b < nb; b++) {
-            memcpy(meta + (size_t)b * 2, src + (size_t)b * 18, 2);
-            memcpy(body + (size_t)b * 16, src + (size_t)b * 18 + 2, 16);
-        }
-    }
-    struct raw {
-        uint4 q;
-        unsigned d;
-    };
-    static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *meta, int u) {
-        raw r;
-        r.q = ldg16(body + 16 * u);
-        r.d = ldg_u16(meta + 2 * u);
-        return r;
-    }
+    static constexpr int BLOCK = 32;
     static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
         const int e = act_off + 32 * u;
         const int4 lo4 = *(const int4 *)(a.q + e), hi4 = *(const int4 *)(a.q + e + 16);

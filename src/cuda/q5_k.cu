@@ -37,42 +37,14 @@ struct fmt_q5_k {
         }
     }
     static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
-        const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
-        int sc0, m0, sc1, m1;
-        k_scale_min(r.h, 2 * g, &sc0, &m0);
-        k_scale_min(r.h, 2 * g + 1, &sc1, &m1);
         unsigned lo[4], hi[4];
-        codes(r, g, lo, hi);
-        const int e = act_off + b * 256 + 64 * g + 16 * hh;
-        const int4 al4 = *(const int4 *)(a.q + e), ah4 = *(const int4 *)(a.q + e + 32);
-        const int al[4] = {al4.x, al4.y, al4.z, al4.w}, ah[4] = {ah4.x, ah4.y, ah4.z, ah4.w};
-        int dot_lo = 0, dot_hi = 0;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            dot_lo = __dp4a((int)lo[i], al[i], dot_lo);
-            dot_hi = __dp4a((int)hi[i], ah[i], dot_hi);
-        }
-        const int sum_q = sc0 * dot_lo + sc1 * dot_hi;
-        const int sum_m = m0 * a.s16[e >> 4] + m1 * a.s16[(e + 32) >> 4];
-        const float ad = a.d[(act_off + b * 256) >> 8];
-        const float d = h2f((uint16_t)(r.h.x & 0xffff)) * ad, dmin = h2f((uint16_t)(r.h.x >> 16)) * ad;
-        return d * (float)sum_q - dmin * (float)sum_m;
+        codes(r, (u & 7) >> 1, lo, hi);
+        return k_unit_dot(r.h, lo, hi, a, act_off, u);
     }
     static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
-        const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
-        int sc0, m0, sc1, m1;
-        k_scale_min(r.h, 2 * g, &sc0, &m0);
-        k_scale_min(r.h, 2 * g + 1, &sc1, &m1);
         unsigned lo[4], hi[4];
-        codes(r, g, lo, hi);
-        const float d = h2f((uint16_t)(r.h.x & 0xffff)), dmin = h2f((uint16_t)(r.h.x >> 16));
-        const float s0 = d * sc0, n0 = dmin * m0, s1 = d * sc1, n1 = dmin * m1;
-        float *y = out + b * 256 + 64 * g + 16 * hh;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            y[i] = s0 * (float)((lo[i >> 2] >> (8 * (i & 3))) & 0xff) - n0;
-            y[32 + i] = s1 * (float)((hi[i >> 2] >> (8 * (i & 3))) & 0xff) - n1;
-        }
+        codes(r, (u & 7) >> 1, lo, hi);
+        k_unit_dequant(r.h, lo, hi, u, out);
     }
 };
 

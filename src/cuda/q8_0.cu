@@ -8,27 +8,11 @@
  * address. Against Q8_0 activations: sum_i q_i a_i * (d_w * d_a), as the
  * CPU, per half. 4 units per lane in flight.
  */
-#include "cuda/kernels.cuh"
+#include "cuda/fp16_scale.cuh"
 
-struct fmt_q8_0 {
+struct fmt_q8_0 : fp16_scale_block<32> {
     static constexpr int TYPE = MOE_TYPE_Q8_0, ACT = ACT_Q80, N = 4;
-    static constexpr int BLOCK = 32, BODY = 32, META = 2, UNITS = 2;
-    static void repack(const uint8_t *src, uint8_t *body, uint8_t *meta, int nb) {
-        for (int b = 0; b < nb; b++) {
-            memcpy(meta + (size_t)b * 2, src + (size_t)b * 34, 2);
-            memcpy(body + (size_t)b * 32, src + (size_t)b * 34 + 2, 32);
-        }
-    }
-    struct raw {
-        uint4 q;
-        unsigned d;
-    };
-    static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *meta, int u) {
-        raw r;
-        r.q = ldg16(body + 16 * u);
-        r.d = ldg_u16(meta + 2 * (u >> 1));
-        return r;
-    }
+    static constexpr int BLOCK = 32;
     static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
         const int e = act_off + 16 * u;
         const int4 av = *(const int4 *)(a.q + e);
