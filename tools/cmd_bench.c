@@ -164,22 +164,25 @@ static void print_profile(const report *r) {
     for (int k = 0; k < p->n_stages; k++) bytes += p->bytes[k];
     printf("\n### decode step by stage (no graph, an event after every stage; position %d, median of %d)\n\n", p->pos,
            p->reps);
-    printf("| stage | launches | us/token | share | MB read | GB/s | of read BW | us/launch |\n");
-    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| stage | launches | us/token | share | MB read | GB/s | of read BW | us/launch | in graph us/token | in "
+           "graph us/launch |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int k = 0; k < p->n_stages; k++) {
         if (!p->launches[k]) continue;
         double gbps = p->us[k] > 0 ? p->bytes[k] / (p->us[k] * 1e-6) / 1e9 : 0;
-        printf("| %s | %d | %.1f | %.1f%% | %.2f | %.0f | %.1f%% | %.2f |\n", p->names[k], p->launches[k], p->us[k],
-               100.0 * p->us[k] / p->total_us, p->bytes[k] / 1e6, gbps,
-               r->ceiling_gbps > 0 ? 100.0 * gbps / r->ceiling_gbps : 0.0, p->us[k] / p->launches[k]);
+        printf("| %s | %d | %.1f | %.1f%% | %.2f | %.0f | %.1f%% | %.2f | %.1f | %.2f |\n", p->names[k], p->launches[k],
+               p->us[k], 100.0 * p->us[k] / p->total_us, p->bytes[k] / 1e6, gbps,
+               r->ceiling_gbps > 0 ? 100.0 * gbps / r->ceiling_gbps : 0.0, p->us[k] / p->launches[k], p->graph_us[k],
+               p->graph_us[k] / p->launches[k]);
     }
     double gbps = bytes / (p->total_us * 1e-6) / 1e9;
-    printf("| **step** | | %.1f | 100%% | %.2f | %.0f | %.1f%% | |\n", p->total_us, bytes / 1e6, gbps,
-           r->ceiling_gbps > 0 ? 100.0 * gbps / r->ceiling_gbps : 0.0);
+    printf("| **step** | | %.1f | 100%% | %.2f | %.0f | %.1f%% | | %.1f | |\n", p->total_us, bytes / 1e6, gbps,
+           r->ceiling_gbps > 0 ? 100.0 * gbps / r->ceiling_gbps : 0.0, p->graph_total_us);
     double ideal = r->ceiling_gbps > 0 ? bytes / (r->ceiling_gbps * 1e9) * 1e6 : 0;
     printf("\nAt the measured read bandwidth the step's bytes take %.1f us; stages' times include the launch gap "
-           "before each (no graph, no PDL).\n",
-           ideal);
+           "before each (no graph, no PDL). In graph: the step replayed as a CUDA graph (%d positions from %d) less "
+           "the same with the stage left out, medians of %d.\n",
+           ideal, CUDA_PROFILE_SPAN, p->pos, p->graph_reps);
 }
 #endif
 
@@ -341,10 +344,10 @@ static int bench_cuda_tg(cuda_state *s, const bench_args *a, report *r, const in
 /* The stage profile at a filled cache (--profile). */
 static int bench_cuda_profile(cuda_model *g, const bench_args *a, report *r, const int32_t *prompt) {
     moe_error err = {0};
-    cuda_options o = {false, false};
+    cuda_options o = {false, false, false};
     cuda_state *s = NULL;
     int status = 0;
-    if (cuda_state_new(g, a->profile_pos + 8, &o, &s, &err) != MOE_OK) return cli_fail("bench", &err);
+    if (cuda_state_new(g, a->profile_pos + CUDA_PROFILE_SPAN, &o, &s, &err) != MOE_OK) return cli_fail("bench", &err);
     note_state(r, s);
     if ((a->profile_pos > 0 && cuda_decode_greedy(s, prompt[0], 0, a->profile_pos, NULL, NULL, &err) != MOE_OK) ||
         cuda_profile_step(s, prompt[0], a->profile_pos, a->profile_reps, &r->prof, &err) != MOE_OK)
@@ -378,7 +381,10 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
     const struct {
         const char *name;
         cuda_options o;
-    } variants[] = {{"(graph)", {true, false}}, {"(graph+PDL)", {true, true}}, {"(no graph)", {false, false}}};
+    } variants[] = {{"(graph)", {true, false, false}},
+                  {"(graph+L2 prefetch)", {true, false, true}},
+                  {"(graph+PDL)", {true, true, false}},
+                  {"(no graph)", {false, false, false}}};
     int status = 0;
     for (size_t v = 0; v < sizeof variants / sizeof variants[0] && status == 0; v++) {
         cuda_state *s = NULL;

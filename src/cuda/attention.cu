@@ -14,8 +14,8 @@
  * at once; one launch serves every position and lives in the CUDA graph.
  * A warp walks its range in batches of BATCH positions whose key and value
  * loads are all issued before the first is used: a decode attention costs
- * the latency of dependent loads, not bandwidth. Each position updates the
- * running (max m, sum l, output) of the online softmax.
+ * the latency of dependent loads, not bandwidth. Each batch updates the
+ * running (max m, sum l, output) of the online softmax once.
  *
  * Every warp prepares its query head and its own copy of the new key and
  * value (normalised, rotated; a few hundred redundant flops instead of a
@@ -178,7 +178,9 @@ __device__ __forceinline__ void prepare(const attn_args &a, int g, int h, int po
     rope_head<DPL>(k, cs, a.n_rot, a.neox, lane);
 }
 
-/* Positions [start, end) into the running (m, l, acc) of the online softmax. */
+/* Positions [start, end) into the running (m, l, acc) of the online softmax,
+ * a batch of B positions at a time: their B scores are independent warp
+ * sums (in flight together), then one rescale per batch, not per position. */
 template <int DPL>
 __device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int start, int end, const float *q,
                                        const float *k_new, const float *v_new, float &m, float &l, float *acc) {
@@ -201,19 +203,27 @@ __device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int s
                 for (int i = 0; i < DPL; i++) kr[j][i] = k_new[i], vr[j][i] = v_new[i];
             }
         }
+        float sc[B], m_new = m;
 #pragma unroll
         for (int j = 0; j < B; j++) {
-            if (p0 + j >= end) break;
             float dot = 0.0f;
 #pragma unroll
             for (int i = 0; i < DPL; i++) dot += q[i] * kr[j][i];
-            const float s = warp_sum(dot) * scale, m_new = fmaxf(m, s);
-            const float r = expf(m - m_new), e = expf(s - m_new); /* m = -inf first: r = 0 */
-            l = l * r + e;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] = acc[i] * r + e * vr[j][i];
-            m = m_new;
+            sc[j] = p0 + j < end ? warp_sum(dot) * scale : -INFINITY;
+            m_new = fmaxf(m_new, sc[j]);
         }
+        const float r = expf(m - m_new); /* m = -inf first: r = 0 */
+        l *= r;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] *= r;
+#pragma unroll
+        for (int j = 0; j < B; j++) {
+            const float e = expf(sc[j] - m_new); /* past the end: 0 */
+            l += e;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[i] += e * vr[j][i];
+        }
+        m = m_new;
     }
 }
 
@@ -239,14 +249,21 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, int g, int h, i
     float out[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) out[i] = 0.0f;
+    constexpr int MB = 8; /* splits whose partial outputs are loaded together */
 #pragma unroll 1
-    for (int s = 0; s < n; s++) {
-        const float w = __shfl_sync(FULL_MASK, s < 32 ? f[0] : f[1], s & 31) / L;
-        float o[DPL];
+    for (int s0 = 0; s0 < n; s0 += MB) {
+        float o[MB][DPL];
 #pragma unroll
-        for (int i = 0; i < DPL; i++) o[i] = mine ? __ldcg(part + s * stride + 2 + d0 + i) : 0.0f;
+        for (int j = 0; j < MB; j++)
 #pragma unroll
-        for (int i = 0; i < DPL; i++) out[i] += w * o[i];
+            for (int i = 0; i < DPL; i++) o[j][i] = mine && s0 + j < n ? __ldcg(part + (s0 + j) * stride + 2 + d0 + i) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < MB; j++) {
+            const int s = s0 + j; /* uniform over the warp */
+            const float w = s < n ? __shfl_sync(FULL_MASK, s < 32 ? f[0] : f[1], s & 31) / L : 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) out[i] += w * o[j][i];
+        }
     }
     store_dims<DPL>(a.out + (g * G + h) * hd + d0, out, mine);
 }
@@ -258,6 +275,7 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     const int G = a.n_heads / a.n_kv, hd = a.hd, g = blockIdx.x, split = blockIdx.y, S = a.n_splits;
     const int h = threadIdx.x >> 5, lane = threadIdx.x & 31, d0 = lane * DPL, kv_dim = a.n_kv * hd;
     const bool mine = d0 < hd;
+    prefetch_plan(a.prefetch, split * a.n_kv + g, a.n_kv * S); /* latency-bound: DRAM is free */
     pdl_wait();
     pdl_launch_dependents();
     const int pos = a.step[1], n_pos = pos + 1;

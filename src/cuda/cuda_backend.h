@@ -37,10 +37,13 @@ typedef struct cuda_state cuda_state;
 /* Launch options of a state; the defaults come from the environment:
  * MOE_CUDA_GRAPH=0 launches the step's kernels one by one instead of
  * replaying a graph, MOE_CUDA_PDL=1 turns on programmatic dependent launch
- * (off by default: `moe bench` measures it slower inside the graph). */
+ * (off by default: `moe bench` measures it slower inside the graph), and
+ * MOE_CUDA_PREFETCH=1 has launches pull later launches' weights into L2
+ * (off by default: measured slower too). */
 typedef struct cuda_options {
     bool graph;
     bool pdl;
+    bool prefetch;
 } cuda_options;
 
 #ifdef MOE_HAVE_CUDA
@@ -91,7 +94,10 @@ moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float
  * after every stage, `reps` times (after a warm-up) at position `pos`
  * (which rewrites that position's cache entry; earlier positions should
  * have been filled). Per stage, summed over the layers: the median
- * microseconds, the weight (and KV cache) bytes it reads, its launches. */
+ * microseconds, the weight (and KV cache) bytes it reads, its launches.
+ * Then, in the CUDA graph: the step's time less its time with the stage
+ * left out, over CUDA_PROFILE_SPAN replays from pos (what the stage costs
+ * where it runs, launch gap included). */
 enum {
     CUDA_STAGE_EMBED, CUDA_STAGE_QKV, CUDA_STAGE_ATTENTION, CUDA_STAGE_O, CUDA_STAGE_ROUTER, CUDA_STAGE_UP,
     CUDA_STAGE_SH_UP, CUDA_STAGE_DOWN, CUDA_STAGE_SH_DOWN, CUDA_STAGE_HEAD, CUDA_STAGE_COUNT
@@ -102,8 +108,12 @@ typedef struct cuda_stage_profile {
     double bytes[CUDA_STAGE_COUNT]; /* per token */
     int launches[CUDA_STAGE_COUNT]; /* per token */
     double total_us;                /* first event to last: the whole step */
-    int n_stages, pos, reps;
+    double graph_us[CUDA_STAGE_COUNT]; /* in the graph: the step less the step without the stage */
+    double graph_total_us;             /* in the graph: the whole step */
+    int n_stages, pos, reps, graph_reps;
 } cuda_stage_profile;
+/* Positions from pos that cuda_profile_step decodes (n_ctx >= pos + this). */
+#define CUDA_PROFILE_SPAN 16
 moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cuda_stage_profile *out, moe_error *err);
 
 /* Read bandwidth of this GPU: a kernel folds a buffer of `bytes` (made of

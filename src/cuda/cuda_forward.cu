@@ -51,10 +51,74 @@ static void mark(cuda_state *s, int stage, double bytes) {
     s->prof_n++;
 }
 
+/* False for a stage left out of the step (cuda_profile_step measures what
+ * each stage costs inside the graph by leaving it out). */
+static bool live(const cuda_state *s, int stage) { return !(s->skip_stages >> stage & 1u); }
+
 __global__ void set_step_kernel(int *step, int token, int pos) {
     pdl_wait();
     step[0] = token;
     step[1] = pos;
+}
+
+/* ---------------------------------------------------------------- L2 prefetch plans */
+
+/* What one launch may pull into L2 for later ones: a third of the H100/H200
+ * L2 (50 MB), so the lines survive until they are read. */
+#define PREFETCH_BUDGET (16ll << 20)
+
+static int64_t plan_bytes(const l2_plan *p) {
+    int64_t b = 0;
+    for (int i = 0; i < p->n; i++) b += p->span[i].bytes * p->span[i].count;
+    return b;
+}
+
+static void plan_add(l2_plan *p, const uint8_t *base, int64_t bytes, int64_t stride, const int *ids, int count) {
+    if (!base || bytes <= 0 || p->n == MAX_SPANS || plan_bytes(p) + bytes * count > PREFETCH_BUDGET) return;
+    p->span[p->n++] = l2_span{base, bytes, stride, ids, count};
+}
+
+/* A matrix, or `count` experts of a slab (ids in device memory). */
+static void plan_matrix(l2_plan *p, const dmat *m, const int *ids, int count) {
+    plan_add(p, m->body, m->rows * m->row_stride, m->expert_stride, ids, count);
+    plan_add(p, m->meta, m->rows * m->meta_row_stride, m->meta_expert_stride, ids, count);
+}
+
+/* The plan of each launch of layer l (see enqueue_step): the latency-bound
+ * attention pulls in the rest of the layer's fixed weights; the router
+ * (whose experts nobody knows yet) or a dense FFN's gate/up, the next
+ * layer's q|k|v; the experts' gate/up, once the experts are known, their
+ * down rows. */
+static l2_plan plan_for_attention(const cuda_state *s, int l) {
+    l2_plan p = {};
+    if (!s->opt.prefetch) return p;
+    const cuda_layer *w = &s->g->layers[l];
+    plan_matrix(&p, &w->wo, NULL, 1);
+    if (s->m->config.n_experts) plan_matrix(&p, &w->router, NULL, 1);
+    if (w->has_shared) {
+        plan_matrix(&p, &w->sh_gate, NULL, 1);
+        plan_matrix(&p, &w->sh_up, NULL, 1);
+    }
+    return p;
+}
+
+static l2_plan plan_next_qkv(const cuda_state *s, int l) {
+    l2_plan p = {};
+    if (!s->opt.prefetch || l + 1 >= s->m->config.n_layers) return p;
+    const cuda_layer *w = &s->g->layers[l + 1];
+    plan_matrix(&p, &w->wq, NULL, 1);
+    plan_matrix(&p, &w->wk, NULL, 1);
+    plan_matrix(&p, &w->wv, NULL, 1);
+    return p;
+}
+
+static l2_plan plan_for_up(const cuda_state *s, int l) {
+    l2_plan p = {};
+    if (!s->opt.prefetch) return p;
+    const cuda_layer *w = &s->g->layers[l];
+    if (s->m->config.n_experts) plan_matrix(&p, &w->exp_down, s->route_ids, s->m->config.n_experts_used);
+    if (w->has_shared) plan_matrix(&p, &w->sh_down, NULL, 1);
+    return p;
 }
 
 /* ---------------------------------------------------------------- launches */
@@ -75,7 +139,8 @@ typedef struct gemv_out {
 } gemv_out;
 
 /* y = W in for each output; one launch per weight type among them. */
-static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int epilogue) {
+static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int epilogue,
+                 const l2_plan *prefetch) {
     bool done[MAX_SEGS] = {false, false, false};
     for (int i = 0; i < n; i++) {
         if (done[i]) continue;
@@ -97,6 +162,7 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
         }
         a.lanes = pick_lanes(outs[i].w->units, f->n);
         a.epilogue = epilogue;
+        if (prefetch && i == 0) a.prefetch = *prefetch;
         const model_config *c = &s->m->config;
         size_t smem = gemv_smem(f->act, in.n, epilogue == EPI_ROUTER ? c->n_experts : 0);
         if (epilogue == EPI_ROUTER) {
@@ -115,13 +181,14 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
             a.step = s->step;
             a.history = s->history;
         }
-        f->gemv(&a, grid_for(s, f, 0, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
+        if (epilogue == EPI_ROUTER && cuda_router_fits(&a)) cuda_router(&a, smem, s->stream, s->opt.pdl);
+        else f->gemv(&a, grid_for(s, f, 0, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
     }
 }
 
 static void embed(cuda_state *s) {
     const dmat *e = &s->g->token_embd;
-    cuda_format_of(e->type)->embed(e, s->step, s->x, s->stream, s->opt.pdl);
+    if (live(s, CUDA_STAGE_EMBED)) cuda_format_of(e->type)->embed(e, s->step, s->x, s->stream, s->opt.pdl);
     mark(s, CUDA_STAGE_EMBED, (double)e->row_stride + e->meta_row_stride);
 }
 
@@ -132,7 +199,7 @@ static void attention_block(cuda_state *s, int l) {
     gemv_out qkv[3] = {{&w->wq, s->qkv, w->bq},
                        {&w->wk, s->qkv + s->q_dim, w->bk},
                        {&w->wv, s->qkv + s->q_dim + s->kv_dim, w->bv}};
-    gemv(s, in, qkv, 3, false, EPI_NONE);
+    if (live(s, CUDA_STAGE_QKV)) gemv(s, in, qkv, 3, false, EPI_NONE, NULL);
     mark(s, CUDA_STAGE_QKV, dmat_bytes(&w->wq) + dmat_bytes(&w->wk) + dmat_bytes(&w->wv));
 
     attn_args a;
@@ -155,19 +222,20 @@ static void attention_block(cuda_state *s, int l) {
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
     a.n_splits = s->attn_splits;
-    cuda_attention(&a, s->stream, s->opt.pdl);
+    a.prefetch = plan_for_attention(s, l);
+    if (live(s, CUDA_STAGE_ATTENTION)) cuda_attention(&a, s->stream, s->opt.pdl);
     mark(s, CUDA_STAGE_ATTENTION, 2.0 * (s->prof_pos + 1) * s->kv_dim * sizeof(float));
 
     act_in att = {s->att, NULL, 0.0f, s->q_dim};
     gemv_out o = {&w->wo, s->x, NULL};
-    gemv(s, att, &o, 1, true, EPI_NONE);
+    if (live(s, CUDA_STAGE_O)) gemv(s, att, &o, 1, true, EPI_NONE, NULL);
     mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo));
 }
 
 /* h = silu(gate x) * (up x) for `n_routed` slots of a slab (ids NULL: the
  * dense FFN) and/or the shared expert. */
 static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, int n_routed, const int *ids,
-                   const cuda_layer *w, bool shared) {
+                   const cuda_layer *w, bool shared, const l2_plan *prefetch) {
     const cuda_format *f = cuda_format_of(n_routed ? gate->type : w->sh_gate.type);
     ffn_up_args a;
     memset(&a, 0, sizeof a);
@@ -187,6 +255,7 @@ static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, i
     }
     a.h = s->h;
     a.h_shared_off = s->n_ff_routed;
+    if (prefetch) a.prefetch = *prefetch;
     a.lanes = pick_lanes(units, f->n > 1 ? f->n / 2 : 1);
     size_t smem = gemv_smem(f->act, in.n, 0);
     f->up(&a, grid_for(s, f, 1, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
@@ -225,30 +294,33 @@ static void ffn_block(cuda_state *s, int l) {
     const cuda_layer *w = &s->g->layers[l];
     act_in in = {s->x, w->ffn_norm, c->rms_eps, c->n_embd};
     if (c->n_experts == 0) {
-        ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, NULL, w, false);
+        const l2_plan next_qkv = plan_next_qkv(s, l);
+        if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, NULL, w, false, &next_qkv);
         mark(s, CUDA_STAGE_UP, dmat_bytes(&w->ffn_gate) + dmat_bytes(&w->ffn_up));
-        ffn_down(s, &w->ffn_down, 1, NULL, NULL, w, false);
+        if (live(s, CUDA_STAGE_DOWN)) ffn_down(s, &w->ffn_down, 1, NULL, NULL, w, false);
         mark(s, CUDA_STAGE_DOWN, dmat_bytes(&w->ffn_down));
         return;
     }
     gemv_out r = {&w->router, s->router, NULL};
-    gemv(s, in, &r, 1, false, EPI_ROUTER);
+    const l2_plan next_qkv = plan_next_qkv(s, l);
+    if (live(s, CUDA_STAGE_ROUTER)) gemv(s, in, &r, 1, false, EPI_ROUTER, &next_qkv);
     mark(s, CUDA_STAGE_ROUTER, dmat_bytes(&w->router));
     const int k = c->n_experts_used;
     const bool sh = w->has_shared;
     const double sh_up = sh ? dmat_bytes(&w->sh_gate) + dmat_bytes(&w->sh_up) : 0, sh_down = sh ? dmat_bytes(&w->sh_down) : 0;
     const bool up_together = sh && w->sh_gate.type == w->exp_gate.type;
-    ffn_up(s, in, &w->exp_gate, &w->exp_up, k, s->route_ids, w, up_together);
+    const l2_plan down_rows = plan_for_up(s, l);
+    if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->exp_gate, &w->exp_up, k, s->route_ids, w, up_together, &down_rows);
     mark(s, CUDA_STAGE_UP, k * (dmat_bytes(&w->exp_gate) + dmat_bytes(&w->exp_up)) + (up_together ? sh_up : 0));
     if (sh && !up_together) {
-        ffn_up(s, in, NULL, NULL, 0, NULL, w, true);
+        if (live(s, CUDA_STAGE_SH_UP)) ffn_up(s, in, NULL, NULL, 0, NULL, w, true, NULL);
         mark(s, CUDA_STAGE_SH_UP, sh_up);
     }
     const bool down_together = sh && w->sh_down.type == w->exp_down.type;
-    ffn_down(s, &w->exp_down, k, s->route_ids, s->route_w, w, down_together);
+    if (live(s, CUDA_STAGE_DOWN)) ffn_down(s, &w->exp_down, k, s->route_ids, s->route_w, w, down_together);
     mark(s, CUDA_STAGE_DOWN, k * dmat_bytes(&w->exp_down) + (down_together ? sh_down : 0));
     if (sh && !down_together) {
-        ffn_down(s, NULL, 0, NULL, NULL, w, true);
+        if (live(s, CUDA_STAGE_SH_DOWN)) ffn_down(s, NULL, 0, NULL, NULL, w, true);
         mark(s, CUDA_STAGE_SH_DOWN, sh_down);
     }
 }
@@ -257,7 +329,7 @@ static void head(cuda_state *s) {
     const model_config *c = &s->m->config;
     act_in in = {s->x, s->g->output_norm, c->rms_eps, c->n_embd};
     gemv_out o = {&s->g->output, s->logits, NULL};
-    gemv(s, in, &o, 1, false, EPI_ARGMAX);
+    if (live(s, CUDA_STAGE_HEAD)) gemv(s, in, &o, 1, false, EPI_ARGMAX, NULL);
     mark(s, CUDA_STAGE_HEAD, dmat_bytes(&s->g->output));
 }
 
@@ -357,10 +429,62 @@ static int cmp_float(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+static double median_of(float *v, int n) {
+    qsort(v, (size_t)n, sizeof(float), cmp_float);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Microseconds a token of `n` graph replays from position pos, with the
+ * stages in `skip` left out of the captured step. */
+static moe_status graph_step_us(cuda_state *s, unsigned skip, int32_t token, int pos, int n, float *us, moe_error *err) {
+    if (s->skip_stages != skip && s->graph_ready) {
+        cudaGraphExecDestroy(s->graph);
+        s->graph_ready = false;
+    }
+    s->skip_stages = skip;
+    const bool graph = s->opt.graph;
+    s->opt.graph = true;
+    float ms = 0;
+    moe_status st = cuda_decode_greedy(s, token, pos, n, NULL, &ms, err);
+    s->opt.graph = graph;
+    *us = ms * 1e3f / n;
+    return st;
+}
+
+/* What each stage costs inside the graph: the step's time less its time
+ * with the stage left out (launch gaps and overlap included), interleaved
+ * over reps and the median taken. */
+static moe_status profile_in_graph(cuda_state *s, int32_t token, int pos, int reps, cuda_stage_profile *out,
+                                   moe_error *err) {
+    int stages[CUDA_STAGE_COUNT + 1], n = 0;
+    stages[n++] = -1; /* the whole step */
+    for (int k = 0; k < CUDA_STAGE_COUNT; k++)
+        if (out->launches[k]) stages[n++] = k;
+    float *t = (float *)calloc((size_t)n * reps, sizeof(float));
+    if (!t) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    moe_status st = MOE_OK;
+    for (int r = -1; r < reps && st == MOE_OK; r++) /* r = -1: warm-up, one capture per variant */
+        for (int v = 0; v < n && st == MOE_OK; v++) {
+            float us = 0;
+            st = graph_step_us(s, stages[v] < 0 ? 0u : 1u << stages[v], token, pos, CUDA_PROFILE_SPAN, &us, err);
+            if (r >= 0) t[(size_t)v * reps + r] = us;
+        }
+    if (st == MOE_OK) {
+        out->graph_total_us = median_of(t, reps);
+        for (int v = 1; v < n; v++) out->graph_us[stages[v]] = out->graph_total_us - median_of(t + (size_t)v * reps, reps);
+    }
+    free(t);
+    if (s->graph_ready) cudaGraphExecDestroy(s->graph);
+    s->graph_ready = false;
+    s->skip_stages = 0;
+    return st;
+}
+
 moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cuda_stage_profile *out, moe_error *err) {
     memset(out, 0, sizeof *out);
-    if (reps <= 0 || pos < 0 || pos >= s->n_ctx)
-        return moe_error_set(err, MOE_ERR_RANGE, "profiling position %d of a context of %d", pos, s->n_ctx);
+    if (reps <= 0 || pos < 0 || pos + CUDA_PROFILE_SPAN > s->n_ctx)
+        return moe_error_set(err, MOE_ERR_RANGE, "profiling positions %d..%d of a context of %d", pos,
+                             pos + CUDA_PROFILE_SPAN - 1, s->n_ctx);
     if (!s->prof_ev) {
         s->prof_cap = 4 + 8 * s->m->config.n_layers;
         s->prof_ev = (cudaEvent_t *)calloc((size_t)s->prof_cap, sizeof *s->prof_ev);
@@ -405,8 +529,7 @@ moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cu
         float *col = (float *)malloc((size_t)reps * sizeof(float));
         for (int k = 0; k <= CUDA_STAGE_COUNT && col; k++) {
             for (int r = 0; r < reps; r++) col[r] = per[(size_t)r * (CUDA_STAGE_COUNT + 1) + k];
-            qsort(col, (size_t)reps, sizeof(float), cmp_float);
-            double med = reps % 2 ? col[reps / 2] : 0.5 * (col[reps / 2 - 1] + col[reps / 2]);
+            double med = median_of(col, reps);
             if (k < CUDA_STAGE_COUNT) out->us[k] = med;
             else out->total_us = med;
         }
@@ -417,7 +540,8 @@ moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cu
         out->reps = reps;
     }
     free(per);
-    return st;
+    out->graph_reps = reps < 5 ? reps : 5; /* each variant is captured anew: fewer */
+    return st == MOE_OK ? profile_in_graph(s, token, pos, out->graph_reps, out, err) : st;
 }
 
 /* ---------------------------------------------------------------- the state */
@@ -431,6 +555,7 @@ cuda_options cuda_default_options(void) {
     cuda_options o;
     o.graph = env_flag("MOE_CUDA_GRAPH", true);
     o.pdl = env_flag("MOE_CUDA_PDL", false); /* measured slower inside the graph (bench/results) */
+    o.prefetch = env_flag("MOE_CUDA_PREFETCH", false); /* measured slower (bench/results) */
     return o;
 }
 

@@ -18,7 +18,7 @@ extern "C" {
 
 enum { ACT_Q8K, ACT_Q80, ACT_F32 };                 /* activation (dot) types */
 enum { EPI_NONE, EPI_ROUTER, EPI_ARGMAX };          /* gemv epilogues */
-enum { MAX_EXPERTS_USED = 32, MAX_SEGS = 3 };
+enum { MAX_EXPERTS_USED = 32, MAX_SEGS = 3, MAX_SPANS = 8 };
 
 /* A weight matrix on the device (or a slab of experts of one shape). */
 struct dmat {
@@ -33,6 +33,24 @@ struct dmat {
 };
 
 /* ---------------------------------------------------------------- kernel arguments */
+
+/* Weights a launch pulls into L2 for a later launch of the step: `count`
+ * ranges of `bytes` at base + e * stride, e = ids[j] (device memory, the
+ * routed experts) or j. A decode step alternates bandwidth-bound matrix
+ * products with latency-bound steps (attention, routing, launch gaps);
+ * prefetching the weights that do not depend on them keeps DRAM busy
+ * through the latter (bench/decode-plan.md). */
+struct l2_span {
+    const uint8_t *base;
+    int64_t bytes, stride;
+    const int *ids;
+    int count;
+};
+
+struct l2_plan {
+    l2_span span[MAX_SPANS];
+    int n;
+};
 
 /* The input of a matrix product: n f32 values at src (16-byte aligned, n a
  * multiple of 32), RMSNorm'ed with `norm` when it is not NULL. */
@@ -68,6 +86,7 @@ struct gemv_args {
     int *part_idx;
     int *step;    /* [0] token, [1] position */
     int *history; /* history[pos] = the argmax after position pos */
+    l2_plan prefetch;             /* for a later launch; see l2_span */
 };
 
 struct ffn_up_args {
@@ -82,6 +101,7 @@ struct ffn_up_args {
     const float *shgate_w; /* the shared expert's gate vector, or NULL */
     float *shgate_out;
     int lanes;
+    l2_plan prefetch;             /* for a later launch; see l2_span */
 };
 
 struct ffn_down_args {
@@ -97,6 +117,7 @@ struct ffn_down_args {
     int shared_act_off;
     float *x;
     int lanes;
+    l2_plan prefetch;             /* for a later launch; see l2_span */
 };
 
 struct attn_args {
@@ -112,6 +133,7 @@ struct attn_args {
     float *part;                   /* (n_kv, n_splits, G, hd + 2) */
     unsigned *counters;            /* (n_kv) */
     int n_heads, n_kv, hd, n_splits;
+    l2_plan prefetch;             /* for a later launch; see l2_span */
 };
 
 /* ---------------------------------------------------------------- formats */
@@ -249,6 +271,7 @@ struct cuda_state {
     int max_grid;
     cudaGraphExec_t graph;
     bool graph_ready;
+    unsigned skip_stages; /* stages left out of the step (1 << CUDA_STAGE_*): profiling only */
     cudaEvent_t ev[2];
     /* stage profile (cuda_profile_step): an event after every stage */
     cudaEvent_t *prof_ev;
@@ -258,6 +281,11 @@ struct cuda_state {
     bool prof_on;
     struct prefill_scratch *prefill; /* the batched prefill's scratch (prefill.cu), made on first use */
 };
+
+/* The router of an F32 matrix (float.cu): logits, then the routing as
+ * gemv_kernel's EPI_ROUTER does it, one block per expert. */
+bool cuda_router_fits(const gemv_args *a);
+void cuda_router(const gemv_args *a, size_t smem, cudaStream_t st, bool pdl);
 
 /* Attention (attention.cu). */
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl);

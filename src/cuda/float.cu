@@ -76,3 +76,51 @@ typedef fmt_half<MOE_TYPE_BF16, true> fmt_bf16;
 DEFINE_CUDA_FORMAT(fmt_f32, f32)
 DEFINE_CUDA_FORMAT(fmt_f16, f16)
 DEFINE_CUDA_FORMAT(fmt_bf16, bf16)
+
+/* ---------------------------------------------------------------- the router */
+
+/* logits = W_r RMSNorm(x) for an F32 router, then the routing. One block
+ * per expert with the row spread over all its threads, so all of the
+ * router's loads are in flight at once: the generic GEMV puts a router's
+ * 128 rows on 16 blocks, a warp a row, four dependent round trips each.
+ * Same arithmetic as gemv_kernel: the normalised input as stage_act makes
+ * it, products in f32. */
+#define ROUTER_THREADS 256
+
+__global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args a) {
+    DYN_SMEM(uint8_t, smem);
+    __shared__ double ss_scratch[32];
+    __shared__ float dot_scratch[32];
+    const dmat &w = a.seg[0].w;
+    const int n = a.in.n, e = blockIdx.x, tid = threadIdx.x;
+    const float *row = (const float *)(w.body + (int64_t)e * w.row_stride);
+    prefetch_rows((const uint8_t *)row, (int64_t)n * 4); /* in flight during the norm */
+    pdl_wait();
+    pdl_launch_dependents();
+    double ss = 0.0;
+    for (int i = tid * 4; i < n; i += ROUTER_THREADS * 4) {
+        const float4 v = *(const float4 *)(a.in.src + i);
+        ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+    }
+    ss = block_sum_double(ss, ss_scratch);
+    const float scale = (float)(1.0 / sqrt(ss / (double)n + (double)a.in.eps)); /* as stage_act */
+    float dot = 0.0f;
+    for (int i = tid * 4; i < n; i += ROUTER_THREADS * 4) {
+        const float4 v = *(const float4 *)(a.in.src + i), g = *(const float4 *)(a.in.norm + i);
+        const uint4 r = ldg16(row + i);
+        dot += __int_as_float((int)r.x) * (v.x * scale * g.x) + __int_as_float((int)r.y) * (v.y * scale * g.y) +
+               __int_as_float((int)r.z) * (v.z * scale * g.z) + __int_as_float((int)r.w) * (v.w * scale * g.w);
+    }
+    dot = block_sum(dot, dot_scratch);
+    if (tid == 0) a.seg[0].out[e] = dot;
+    if (last_block(a.counter, gridDim.x, (int *)smem)) route_on_device(a, (float *)(smem + 16));
+}
+
+bool cuda_router_fits(const gemv_args *a) {
+    return a->n_seg == 1 && a->seg[0].w.type == MOE_TYPE_F32 && a->in.norm && a->in.n % 4 == 0 && !a->seg[0].bias &&
+           !a->seg[0].accumulate;
+}
+
+void cuda_router(const gemv_args *a, size_t smem, cudaStream_t st, bool pdl) {
+    LAUNCH_PDL(pdl, router_kernel, a->seg[0].w.rows, ROUTER_THREADS, smem, st, *a);
+}

@@ -312,10 +312,37 @@ __device__ __forceinline__ bool last_block(unsigned *counter, unsigned n_blocks,
     return last;
 }
 
-/* L2 prefetch of a block's first rows, before waiting for the previous
- * kernel (programmatic dependent launch): weights never depend on it. */
+/* L2 prefetch of a block's first rows, so that their DRAM round trip
+ * overlaps the staging of the activation. */
 __device__ __forceinline__ void prefetch_rows(const uint8_t *first, int64_t bytes) {
     for (int64_t off = (int64_t)threadIdx.x * 128; off < bytes; off += (int64_t)blockDim.x * 128) prefetch_l2(first + off);
+}
+
+/* The same for n rows scattered over matrices and experts: row i of
+ * row_bytes starts at row_at(i). */
+template <class RowAt>
+__device__ __forceinline__ void prefetch_row_set(int n, int64_t row_bytes, RowAt row_at) {
+    const int lines = (int)((row_bytes + 127) >> 7);
+    for (int t = threadIdx.x; t < n * lines; t += blockDim.x) {
+        const int i = t / lines;
+        prefetch_l2(row_at(i) + (int64_t)(t - i * lines) * 128);
+    }
+}
+
+/* This block's share of a launch's L2 plan, in 128-byte lines spread over
+ * all threads of the grid (block `b` of `n_blocks`). Fire and forget:
+ * nothing waits for the lines. */
+__device__ __forceinline__ void prefetch_plan(const l2_plan &p, int b, int n_blocks) {
+    const int64_t first = (int64_t)b * blockDim.x + threadIdx.x, step = (int64_t)n_blocks * blockDim.x;
+    for (int i = 0; i < p.n; i++) {
+        const l2_span &sp = p.span[i];
+        const int64_t lines = (sp.bytes + 127) >> 7;
+        for (int64_t t = first; t < lines * sp.count; t += step) {
+            const int64_t j = t / lines;
+            const int e = sp.ids ? sp.ids[j] : (int)j;
+            prefetch_l2(sp.base + e * sp.stride + ((t - j * lines) << 7));
+        }
+    }
 }
 
 /* ---------------------------------------------------------------- gemv */
@@ -400,11 +427,13 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     const int sub = lane & (L - 1), grp = lane / L;
     const int total = a.seg_end[a.n_seg - 1];
     const int first = blockIdx.x * GEMV_WARPS * G;
-    if (first < a.seg_end[0]) {
-        const dmat &w = a.seg[0].w;
-        int rows = min(GEMV_WARPS * G, a.seg_end[0] - first);
-        prefetch_rows(w.body + (int64_t)first * w.row_stride, (int64_t)rows * w.row_stride);
-    }
+    prefetch_row_set(max(0, min(GEMV_WARPS * G, total - first)), a.seg[0].w.row_stride, [&](int i) {
+        int s = 0;
+        while (s + 1 < a.n_seg && first + i >= a.seg_end[s]) s++;
+        const dmat &w = a.seg[s].w;
+        return w.body + (int64_t)(first + i - (s ? a.seg_end[s - 1] : 0)) * w.row_stride;
+    });
+    prefetch_plan(a.prefetch, blockIdx.x, gridDim.x);
     pdl_wait();
     pdl_launch_dependents();
     stage_act(F::ACT, a.in, smem, NULL, NULL);
@@ -479,16 +508,20 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     const int sub = lane & (L - 1), grp = lane / L;
     const int R = a.gate.rows, routed_rows = a.n_routed * R;
     const int total = routed_rows + (a.has_shared ? a.sh_gate.rows : 0);
-    if (a.n_routed == 0 && a.has_shared) { /* the shared expert's weights are known before the router */
-        int first = blockIdx.x * GEMV_WARPS * G;
-        if (first < total) {
-            int rows = min(GEMV_WARPS * G, total - first);
-            prefetch_rows(a.sh_gate.body + (int64_t)first * a.sh_gate.row_stride, (int64_t)rows * a.sh_gate.row_stride);
-            prefetch_rows(a.sh_up.body + (int64_t)first * a.sh_up.row_stride, (int64_t)rows * a.sh_up.row_stride);
-        }
-    }
     pdl_wait();
     pdl_launch_dependents();
+    /* the block's first gate and up rows (ids known now), then the plan */
+    const int first = blockIdx.x * GEMV_WARPS * G;
+    prefetch_row_set(2 * max(0, min(GEMV_WARPS * G, total - first)), (a.n_routed ? a.gate : a.sh_gate).row_stride,
+                     [&](int i) {
+                         const int row = first + i / 2;
+                         const bool routed = row < routed_rows;
+                         const int j = routed ? row / R : 0, r = routed ? row - j * R : row - routed_rows;
+                         const dmat &m = routed ? (i & 1 ? a.up : a.gate) : (i & 1 ? a.sh_up : a.sh_gate);
+                         const int e = routed && a.ids ? a.ids[j] : 0;
+                         return m.body + e * m.expert_stride + (int64_t)r * m.row_stride;
+                     });
+    prefetch_plan(a.prefetch, blockIdx.x, gridDim.x); /* may name the routed experts: after the wait */
     stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
         for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
@@ -533,11 +566,22 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     const int total = a.n_routed ? a.down.rows : a.sh_down.rows;
     pdl_wait();
     pdl_launch_dependents();
+    prefetch_plan(a.prefetch, blockIdx.x, gridDim.x);
     if (threadIdx.x < a.n_routed) {
         ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
         weights[threadIdx.x] = a.route_w ? a.route_w[threadIdx.x] : 1.0f;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
+    /* the block's first rows of each routed expert and of the shared one */
+    const int first = blockIdx.x * GEMV_WARPS * G, n_first = max(0, min(GEMV_WARPS * G, total - first));
+    if (a.n_routed)
+        prefetch_row_set(n_first * a.n_routed, a.down.row_stride, [&](int i) {
+            const int j = i % a.n_routed, e = a.ids ? a.ids[j] : 0;
+            return a.down.body + e * a.down.expert_stride + (int64_t)(first + i / a.n_routed) * a.down.row_stride;
+        });
+    if (a.has_shared)
+        prefetch_row_set(n_first, a.sh_down.row_stride,
+                         [&](int i) { return a.sh_down.body + (int64_t)(first + i) * a.sh_down.row_stride; });
     stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
         for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
