@@ -21,6 +21,10 @@
 #   env.txt      nvidia-smi, nvcc, SASS facts (16-byte loads, local memory)
 #   lab.md       moe lab: GEMVs and expert kernels beside pure reads, launch chains
 #   ncu.log      (MOE_NCU=1) Nsight Compute metrics of one decode step's kernels
+#   ncu_stalls.log  (MOE_NCU=1) where one layer's kernels' warps wait
+#
+# Switches: MOE_QUICK=1 (decode bench only, no 30B test), MOE_LAB=0 (no lab),
+# MOE_TESTS=0 (no correctness tests: measurements only), MOE_NCU=1.
 set -u
 OUT=${OUT:-/tmp/moe-device-out}
 mkdir -p "$OUT"
@@ -113,22 +117,23 @@ if [ -x "$MOE" ]; then
     SYNTH_PID=$!
 fi
 
-# ---------------------------------------------------------------- tests
-if [ -x "$BUILD/tests/test_cuda_kernels" ]; then
+# ---------------------------------------------------------------- tests (MOE_TESTS=0: skipped, for quick measurements)
+[ "${MOE_TESTS:-1}" = 1 ] || log "tests skipped (MOE_TESTS=0)"
+if [ "${MOE_TESTS:-1}" = 1 ] && [ -x "$BUILD/tests/test_cuda_kernels" ]; then
     step kernels 120 "$OUT/kernels.log" "$BUILD/tests/test_cuda_kernels"
 fi
-if [ -x "$BUILD/tests/test_cuda_forward" ]; then
+if [ "${MOE_TESTS:-1}" = 1 ] && [ -x "$BUILD/tests/test_cuda_forward" ]; then
     step forward 200 "$OUT/forward.log" "$BUILD/tests/test_cuda_forward"
 fi
-if [ -x "$BUILD/tests/test_cuda_forward" ]; then
+if [ "${MOE_TESTS:-1}" = 1 ] && [ -x "$BUILD/tests/test_cuda_forward" ]; then
     # the same comparison with prompts run through the decode step token by token
     step forward_decode 200 "$OUT/forward.log" env MOE_CUDA_PREFILL=0 "$BUILD/tests/test_cuda_forward"
 fi
-if [ -x "$BUILD/tests/test_cuda_forward" ] && [ -x "$MOE" ]; then
+if [ "${MOE_TESTS:-1}" = 1 ] && [ -x "$BUILD/tests/test_cuda_forward" ] && [ -x "$MOE" ]; then
     # every transformers fixture (f32, bf16, q8_0) on the GPU against the CPU
     step golden_gpu 150 "$OUT/forward.log" bash scripts/golden_gpu_check.sh "$MOE" "$BUILD/tests/test_cuda_forward" /tmp/moe-golden
 fi
-if [ -x "$BUILD/tests/test_engine" ]; then
+if [ "${MOE_TESTS:-1}" = 1 ] && [ -x "$BUILD/tests/test_engine" ]; then
     step engine 60 "$OUT/forward.log" "$BUILD/tests/test_engine"
 fi
 
@@ -159,9 +164,9 @@ if [ -f "$MODEL" ]; then
             -k "regex:gemv|ffn|attention|embed|set_step" --launch-skip 400 --launch-count 16 \
             --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__registers_per_thread,launch__occupancy_limit_registers,sm__warps_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed \
             "$MOE" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda
-        # where the warps of the attention and the router wait
-        step ncu_stalls 150 "$OUT/ncu_stalls.log" env MOE_CUDA_GRAPH=0 ncu --clock-control none \
-            -k "regex:attention|fmt_f32" --launch-skip 200 --launch-count 2 \
+        # where the warps of one layer's kernels wait, caches as the step left them
+        step ncu_stalls 150 "$OUT/ncu_stalls.log" env MOE_CUDA_GRAPH=0 ncu --clock-control none --cache-control none \
+            -k "regex:attention|router|gemv|ffn" --launch-skip 300 --launch-count 6 \
             --section WarpStateStats --section SourceCounters --section LaunchStats --print-details all \
             "$MOE" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda
     fi

@@ -1,8 +1,8 @@
 /*
  * k_quant.cuh — what the K-quant family files (q4_k.cu, q5_k.cu) share on
  * the device: the 6-bit scales and mins of sub-block j from a block's
- * 16-byte header (bytes 4..15 = h.y, h.z, h.w), as k_scale_min_get in
- * src/quant/k_quant.h reads them, and a unit's dot product and
+ * 16-byte header (bytes 4..15 = h.y, h.z, h.w), the values k_scale_min_get
+ * in src/quant/k_quant.h reads, and a unit's dot product and
  * dequantization once the format has unpacked its codes.
  *
  * Unit u of a block (8 a block) covers group g = (u % 8) / 2 of 64 weights,
@@ -17,23 +17,26 @@
 
 #include "cuda/kernels.cuh"
 
-__device__ __forceinline__ void k_scale_min(const uint4 &h, int j, int *sc, int *m) {
-    if (j < 4) {
-        *sc = (h.y >> (8 * j)) & 63;
-        *m = (h.z >> (8 * j)) & 63;
-    } else {
-        const int s = 8 * (j - 4);
-        *sc = ((h.w >> s) & 0x0f) | (((h.y >> s) >> 6 & 3) << 4);
-        *m = ((h.w >> s) >> 4 & 0x0f) | (((h.z >> s) >> 6 & 3) << 4);
-    }
+/* The scales and mins of sub-blocks 2g and 2g + 1 (g = 0..3), without
+ * branches (lanes of a warp work on different groups; a branch on g would
+ * run both ways): sub-blocks 0..3 are the low 6 bits of bytes of h.y
+ * (mins h.z); 4..7 take 4 bits from h.w (low nibbles scales, high mins)
+ * and 2 from the top of the bytes of h.y (h.z). */
+__device__ __forceinline__ void k_group_scales(const uint4 &h, int g, int *sc0, int *m0, int *sc1, int *m1) {
+    const unsigned sc = g < 2 ? h.y & 0x3f3f3f3f : (h.w & 0x0f0f0f0f) | ((h.y >> 2) & 0x30303030);
+    const unsigned mn = g < 2 ? h.z & 0x3f3f3f3f : ((h.w >> 4) & 0x0f0f0f0f) | ((h.z >> 2) & 0x30303030);
+    const int s = 16 * (g & 1);
+    *sc0 = (sc >> s) & 0xff;
+    *sc1 = (sc >> (s + 8)) & 0xff;
+    *m0 = (mn >> s) & 0xff;
+    *m1 = (mn >> (s + 8)) & 0xff;
 }
 
 __device__ __forceinline__ float k_unit_dot(const uint4 &h, const unsigned lo[4], const unsigned hi[4],
                                             const act_view &a, int act_off, int u) {
     const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
     int sc0, m0, sc1, m1;
-    k_scale_min(h, 2 * g, &sc0, &m0);
-    k_scale_min(h, 2 * g + 1, &sc1, &m1);
+    k_group_scales(h, g, &sc0, &m0, &sc1, &m1);
     const int e = act_off + b * 256 + 64 * g + 16 * hh;
     const int4 al4 = *(const int4 *)(a.q + e), ah4 = *(const int4 *)(a.q + e + 32);
     const int al[4] = {al4.x, al4.y, al4.z, al4.w}, ah[4] = {ah4.x, ah4.y, ah4.z, ah4.w};
@@ -54,8 +57,7 @@ __device__ __forceinline__ void k_unit_dequant(const uint4 &h, const unsigned lo
                                                float *out) {
     const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
     int sc0, m0, sc1, m1;
-    k_scale_min(h, 2 * g, &sc0, &m0);
-    k_scale_min(h, 2 * g + 1, &sc1, &m1);
+    k_group_scales(h, g, &sc0, &m0, &sc1, &m1);
     const float d = h2f((uint16_t)(h.x & 0xffff)), dmin = h2f((uint16_t)(h.x >> 16));
     const float s0 = d * sc0, n0 = dmin * m0, s1 = d * sc1, n1 = dmin * m1;
     float *y = out + b * 256 + 64 * g + 16 * hh;
