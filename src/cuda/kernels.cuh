@@ -54,7 +54,7 @@
 #include "cuda/cuda_compat.cuh"
 #include "cuda/cuda_internal.h"
 
-#define GEMV_THREADS 256
+#define GEMV_THREADS 512
 #define GEMV_WARPS (GEMV_THREADS / 32)
 
 /* ---------------------------------------------------------------- activations */

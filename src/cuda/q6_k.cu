@@ -52,9 +52,12 @@ struct fmt_q6_k {
             q[i] = (nib & 0x0f0f0f0f) | (((H[i] >> (2 * k)) & 0x03030303) << 4);
         }
     }
-    static __device__ __forceinline__ int scale(const raw &r, int j) {
-        const unsigned S[4] = {r.s.x, r.s.y, r.s.z, r.s.w};
-        return (int)(int8_t)((S[j >> 2] >> (8 * (j & 3))) & 0xff);
+    /* the signed scale of sub-block 8hf + 2k + t0: word 2hf + k / 2 of the
+     * scales chunk, picked with selects (an array indexed at run time
+     * would live in local memory) */
+    static __device__ __forceinline__ int scale(const raw &r, int hf, int k, int t0) {
+        const unsigned w = k < 2 ? (hf ? r.s.z : r.s.x) : (hf ? r.s.w : r.s.y);
+        return (int)(int8_t)((w >> (8 * (2 * (k & 1) + t0))) & 0xff);
     }
     static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
         const int blk = u >> 2, t = u & 3, hf = t >> 1, l0 = (t & 1) * 16;
@@ -69,7 +72,7 @@ struct fmt_q6_k {
             int dk = 0;
 #pragma unroll
             for (int i = 0; i < 4; i++) dk = __dp4a((int)__vsub4(q[i], 0x20202020u), ai[i], dk);
-            sum += scale(r, 8 * hf + 2 * k + (l0 >> 4)) * dk;
+            sum += scale(r, hf, k, l0 >> 4) * dk;
         }
         return h2f((uint16_t)r.d) * a.d[(act_off + blk * 256) >> 8] * (float)sum;
     }
@@ -80,7 +83,7 @@ struct fmt_q6_k {
         for (int k = 0; k < 4; k++) {
             unsigned q[4];
             codes(r, k, q);
-            const float s = d * (float)scale(r, 8 * hf + 2 * k + (l0 >> 4));
+            const float s = d * (float)scale(r, hf, k, l0 >> 4);
             float *y = out + blk * 256 + 128 * hf + 32 * k + l0;
 #pragma unroll
             for (int i = 0; i < 16; i++) y[i] = s * (float)((int)((q[i >> 2] >> (8 * (i & 3))) & 0xff) - 32);
