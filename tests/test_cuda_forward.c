@@ -148,7 +148,7 @@ static float *gpu_logits(cuda_model *g, const model *m, const int32_t *ids, int 
     size_t vocab = (size_t)m->config.n_vocab;
     float *logits = malloc(n * vocab * sizeof *logits);
     for (size_t i = 0; i < n * vocab; i++) logits[i] = NAN;
-    cuda_options o = {graph, pdl, true};
+    cuda_options o = {graph, pdl};
     cuda_state *s = NULL;
     moe_error err = {0};
     CHECKF(cuda_state_new(g, n, &o, &s, &err) == MOE_OK, "%s", err.message);

@@ -344,7 +344,7 @@ static int bench_cuda_tg(cuda_state *s, const bench_args *a, report *r, const in
 /* The stage profile at a filled cache (--profile). */
 static int bench_cuda_profile(cuda_model *g, const bench_args *a, report *r, const int32_t *prompt) {
     moe_error err = {0};
-    cuda_options o = {false, false, false};
+    cuda_options o = {false, false};
     cuda_state *s = NULL;
     int status = 0;
     if (cuda_state_new(g, a->profile_pos + CUDA_PROFILE_SPAN, &o, &s, &err) != MOE_OK) return cli_fail("bench", &err);
@@ -381,10 +381,7 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
     const struct {
         const char *name;
         cuda_options o;
-    } variants[] = {{"(graph)", {true, false, false}},
-                  {"(graph+L2 prefetch)", {true, false, true}},
-                  {"(graph+PDL)", {true, true, false}},
-                  {"(no graph)", {false, false, false}}};
+    } variants[] = {{"(graph)", {true, false}}, {"(graph+PDL)", {true, true}}, {"(no graph)", {false, false}}};
     int status = 0;
     for (size_t v = 0; v < sizeof variants / sizeof variants[0] && status == 0; v++) {
         cuda_state *s = NULL;

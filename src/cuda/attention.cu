@@ -275,7 +275,6 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     const int G = a.n_heads / a.n_kv, hd = a.hd, g = blockIdx.x, split = blockIdx.y, S = a.n_splits;
     const int h = threadIdx.x >> 5, lane = threadIdx.x & 31, d0 = lane * DPL, kv_dim = a.n_kv * hd;
     const bool mine = d0 < hd;
-    prefetch_plan(a.prefetch, split * a.n_kv + g, a.n_kv * S); /* latency-bound: DRAM is free */
     pdl_wait();
     pdl_launch_dependents();
     const int pos = a.step[1], n_pos = pos + 1;

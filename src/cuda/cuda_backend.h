@@ -37,13 +37,10 @@ typedef struct cuda_state cuda_state;
 /* Launch options of a state; the defaults come from the environment:
  * MOE_CUDA_GRAPH=0 launches the step's kernels one by one instead of
  * replaying a graph, MOE_CUDA_PDL=1 turns on programmatic dependent launch
- * (off by default: `moe bench` measures it slower inside the graph), and
- * MOE_CUDA_PREFETCH=1 has launches pull later launches' weights into L2
- * (off by default: measured slower too). */
+ * (off by default: `moe bench` measures it slower inside the graph). */
 typedef struct cuda_options {
     bool graph;
     bool pdl;
-    bool prefetch;
 } cuda_options;
 
 #ifdef MOE_HAVE_CUDA

@@ -61,66 +61,6 @@ __global__ void set_step_kernel(int *step, int token, int pos) {
     step[1] = pos;
 }
 
-/* ---------------------------------------------------------------- L2 prefetch plans */
-
-/* What one launch may pull into L2 for later ones: a third of the H100/H200
- * L2 (50 MB), so the lines survive until they are read. */
-#define PREFETCH_BUDGET (16ll << 20)
-
-static int64_t plan_bytes(const l2_plan *p) {
-    int64_t b = 0;
-    for (int i = 0; i < p->n; i++) b += p->span[i].bytes * p->span[i].count;
-    return b;
-}
-
-static void plan_add(l2_plan *p, const uint8_t *base, int64_t bytes, int64_t stride, const int *ids, int count) {
-    if (!base || bytes <= 0 || p->n == MAX_SPANS || plan_bytes(p) + bytes * count > PREFETCH_BUDGET) return;
-    p->span[p->n++] = l2_span{base, bytes, stride, ids, count};
-}
-
-/* A matrix, or `count` experts of a slab (ids in device memory). */
-static void plan_matrix(l2_plan *p, const dmat *m, const int *ids, int count) {
-    plan_add(p, m->body, m->rows * m->row_stride, m->expert_stride, ids, count);
-    plan_add(p, m->meta, m->rows * m->meta_row_stride, m->meta_expert_stride, ids, count);
-}
-
-/* The plan of each launch of layer l (see enqueue_step): the latency-bound
- * attention pulls in the rest of the layer's fixed weights; the router
- * (whose experts nobody knows yet) or a dense FFN's gate/up, the next
- * layer's q|k|v; the experts' gate/up, once the experts are known, their
- * down rows. */
-static l2_plan plan_for_attention(const cuda_state *s, int l) {
-    l2_plan p = {};
-    if (!s->opt.prefetch) return p;
-    const cuda_layer *w = &s->g->layers[l];
-    plan_matrix(&p, &w->wo, NULL, 1);
-    if (s->m->config.n_experts) plan_matrix(&p, &w->router, NULL, 1);
-    if (w->has_shared) {
-        plan_matrix(&p, &w->sh_gate, NULL, 1);
-        plan_matrix(&p, &w->sh_up, NULL, 1);
-    }
-    return p;
-}
-
-static l2_plan plan_next_qkv(const cuda_state *s, int l) {
-    l2_plan p = {};
-    if (!s->opt.prefetch || l + 1 >= s->m->config.n_layers) return p;
-    const cuda_layer *w = &s->g->layers[l + 1];
-    plan_matrix(&p, &w->wq, NULL, 1);
-    plan_matrix(&p, &w->wk, NULL, 1);
-    plan_matrix(&p, &w->wv, NULL, 1);
-    return p;
-}
-
-static l2_plan plan_for_up(const cuda_state *s, int l) {
-    l2_plan p = {};
-    if (!s->opt.prefetch) return p;
-    const cuda_layer *w = &s->g->layers[l];
-    if (s->m->config.n_experts) plan_matrix(&p, &w->exp_down, s->route_ids, s->m->config.n_experts_used);
-    if (w->has_shared) plan_matrix(&p, &w->sh_down, NULL, 1);
-    return p;
-}
-
 /* ---------------------------------------------------------------- launches */
 
 static int grid_for(const cuda_state *s, const cuda_format *f, int kernel, size_t smem, int rows, int lanes) {
@@ -139,8 +79,7 @@ typedef struct gemv_out {
 } gemv_out;
 
 /* y = W in for each output; one launch per weight type among them. */
-static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int epilogue,
-                 const l2_plan *prefetch) {
+static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int epilogue) {
     bool done[MAX_SEGS] = {false, false, false};
     for (int i = 0; i < n; i++) {
         if (done[i]) continue;
@@ -162,7 +101,6 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
         }
         a.lanes = pick_lanes(outs[i].w->units, f->n);
         a.epilogue = epilogue;
-        if (prefetch && i == 0) a.prefetch = *prefetch;
         const model_config *c = &s->m->config;
         size_t smem = gemv_smem(f->act, in.n, epilogue == EPI_ROUTER ? c->n_experts : 0);
         if (epilogue == EPI_ROUTER) {
@@ -199,7 +137,7 @@ static void attention_block(cuda_state *s, int l) {
     gemv_out qkv[3] = {{&w->wq, s->qkv, w->bq},
                        {&w->wk, s->qkv + s->q_dim, w->bk},
                        {&w->wv, s->qkv + s->q_dim + s->kv_dim, w->bv}};
-    if (live(s, CUDA_STAGE_QKV)) gemv(s, in, qkv, 3, false, EPI_NONE, NULL);
+    if (live(s, CUDA_STAGE_QKV)) gemv(s, in, qkv, 3, false, EPI_NONE);
     mark(s, CUDA_STAGE_QKV, dmat_bytes(&w->wq) + dmat_bytes(&w->wk) + dmat_bytes(&w->wv));
 
     attn_args a;
@@ -222,20 +160,19 @@ static void attention_block(cuda_state *s, int l) {
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
     a.n_splits = s->attn_splits;
-    a.prefetch = plan_for_attention(s, l);
     if (live(s, CUDA_STAGE_ATTENTION)) cuda_attention(&a, s->stream, s->opt.pdl);
     mark(s, CUDA_STAGE_ATTENTION, 2.0 * (s->prof_pos + 1) * s->kv_dim * sizeof(float));
 
     act_in att = {s->att, NULL, 0.0f, s->q_dim};
     gemv_out o = {&w->wo, s->x, NULL};
-    if (live(s, CUDA_STAGE_O)) gemv(s, att, &o, 1, true, EPI_NONE, NULL);
+    if (live(s, CUDA_STAGE_O)) gemv(s, att, &o, 1, true, EPI_NONE);
     mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo));
 }
 
 /* h = silu(gate x) * (up x) for `n_routed` slots of a slab (ids NULL: the
  * dense FFN) and/or the shared expert. */
 static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, int n_routed, const int *ids,
-                   const cuda_layer *w, bool shared, const l2_plan *prefetch) {
+                   const cuda_layer *w, bool shared) {
     const cuda_format *f = cuda_format_of(n_routed ? gate->type : w->sh_gate.type);
     ffn_up_args a;
     memset(&a, 0, sizeof a);
@@ -255,7 +192,6 @@ static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, i
     }
     a.h = s->h;
     a.h_shared_off = s->n_ff_routed;
-    if (prefetch) a.prefetch = *prefetch;
     a.lanes = pick_lanes(units, f->n > 1 ? f->n / 2 : 1);
     size_t smem = gemv_smem(f->act, in.n, 0);
     f->up(&a, grid_for(s, f, 1, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
@@ -294,26 +230,23 @@ static void ffn_block(cuda_state *s, int l) {
     const cuda_layer *w = &s->g->layers[l];
     act_in in = {s->x, w->ffn_norm, c->rms_eps, c->n_embd};
     if (c->n_experts == 0) {
-        const l2_plan next_qkv = plan_next_qkv(s, l);
-        if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, NULL, w, false, &next_qkv);
+        if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, NULL, w, false);
         mark(s, CUDA_STAGE_UP, dmat_bytes(&w->ffn_gate) + dmat_bytes(&w->ffn_up));
         if (live(s, CUDA_STAGE_DOWN)) ffn_down(s, &w->ffn_down, 1, NULL, NULL, w, false);
         mark(s, CUDA_STAGE_DOWN, dmat_bytes(&w->ffn_down));
         return;
     }
     gemv_out r = {&w->router, s->router, NULL};
-    const l2_plan next_qkv = plan_next_qkv(s, l);
-    if (live(s, CUDA_STAGE_ROUTER)) gemv(s, in, &r, 1, false, EPI_ROUTER, &next_qkv);
+    if (live(s, CUDA_STAGE_ROUTER)) gemv(s, in, &r, 1, false, EPI_ROUTER);
     mark(s, CUDA_STAGE_ROUTER, dmat_bytes(&w->router));
     const int k = c->n_experts_used;
     const bool sh = w->has_shared;
     const double sh_up = sh ? dmat_bytes(&w->sh_gate) + dmat_bytes(&w->sh_up) : 0, sh_down = sh ? dmat_bytes(&w->sh_down) : 0;
     const bool up_together = sh && w->sh_gate.type == w->exp_gate.type;
-    const l2_plan down_rows = plan_for_up(s, l);
-    if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->exp_gate, &w->exp_up, k, s->route_ids, w, up_together, &down_rows);
+    if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->exp_gate, &w->exp_up, k, s->route_ids, w, up_together);
     mark(s, CUDA_STAGE_UP, k * (dmat_bytes(&w->exp_gate) + dmat_bytes(&w->exp_up)) + (up_together ? sh_up : 0));
     if (sh && !up_together) {
-        if (live(s, CUDA_STAGE_SH_UP)) ffn_up(s, in, NULL, NULL, 0, NULL, w, true, NULL);
+        if (live(s, CUDA_STAGE_SH_UP)) ffn_up(s, in, NULL, NULL, 0, NULL, w, true);
         mark(s, CUDA_STAGE_SH_UP, sh_up);
     }
     const bool down_together = sh && w->sh_down.type == w->exp_down.type;
@@ -329,7 +262,7 @@ static void head(cuda_state *s) {
     const model_config *c = &s->m->config;
     act_in in = {s->x, s->g->output_norm, c->rms_eps, c->n_embd};
     gemv_out o = {&s->g->output, s->logits, NULL};
-    if (live(s, CUDA_STAGE_HEAD)) gemv(s, in, &o, 1, false, EPI_ARGMAX, NULL);
+    if (live(s, CUDA_STAGE_HEAD)) gemv(s, in, &o, 1, false, EPI_ARGMAX);
     mark(s, CUDA_STAGE_HEAD, dmat_bytes(&s->g->output));
 }
 
@@ -555,7 +488,6 @@ cuda_options cuda_default_options(void) {
     cuda_options o;
     o.graph = env_flag("MOE_CUDA_GRAPH", true);
     o.pdl = env_flag("MOE_CUDA_PDL", false); /* measured slower inside the graph (bench/results) */
-    o.prefetch = env_flag("MOE_CUDA_PREFETCH", false); /* measured slower (bench/results) */
     return o;
 }
 

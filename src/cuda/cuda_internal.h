@@ -18,7 +18,7 @@ extern "C" {
 
 enum { ACT_Q8K, ACT_Q80, ACT_F32 };                 /* activation (dot) types */
 enum { EPI_NONE, EPI_ROUTER, EPI_ARGMAX };          /* gemv epilogues */
-enum { MAX_EXPERTS_USED = 32, MAX_SEGS = 3, MAX_SPANS = 8 };
+enum { MAX_EXPERTS_USED = 32, MAX_SEGS = 3 };
 
 /* A weight matrix on the device (or a slab of experts of one shape). */
 struct dmat {
@@ -33,24 +33,6 @@ struct dmat {
 };
 
 /* ---------------------------------------------------------------- kernel arguments */
-
-/* Weights a launch pulls into L2 for a later launch of the step: `count`
- * ranges of `bytes` at base + e * stride, e = ids[j] (device memory, the
- * routed experts) or j. A decode step alternates bandwidth-bound matrix
- * products with latency-bound steps (attention, routing, launch gaps);
- * prefetching the weights that do not depend on them keeps DRAM busy
- * through the latter (bench/decode-plan.md). */
-struct l2_span {
-    const uint8_t *base;
-    int64_t bytes, stride;
-    const int *ids;
-    int count;
-};
-
-struct l2_plan {
-    l2_span span[MAX_SPANS];
-    int n;
-};
 
 /* The input of a matrix product: n f32 values at src (16-byte aligned, n a
  * multiple of 32), RMSNorm'ed with `norm` when it is not NULL. */
@@ -86,7 +68,6 @@ struct gemv_args {
     int *part_idx;
     int *step;    /* [0] token, [1] position */
     int *history; /* history[pos] = the argmax after position pos */
-    l2_plan prefetch;             /* for a later launch; see l2_span */
 };
 
 struct ffn_up_args {
@@ -101,7 +82,6 @@ struct ffn_up_args {
     const float *shgate_w; /* the shared expert's gate vector, or NULL */
     float *shgate_out;
     int lanes;
-    l2_plan prefetch;             /* for a later launch; see l2_span */
 };
 
 struct ffn_down_args {
@@ -117,7 +97,6 @@ struct ffn_down_args {
     int shared_act_off;
     float *x;
     int lanes;
-    l2_plan prefetch;             /* for a later launch; see l2_span */
 };
 
 struct attn_args {
@@ -133,7 +112,6 @@ struct attn_args {
     float *part;                   /* (n_kv, n_splits, G, hd + 2) */
     unsigned *counters;            /* (n_kv) */
     int n_heads, n_kv, hd, n_splits;
-    l2_plan prefetch;             /* for a later launch; see l2_span */
 };
 
 /* ---------------------------------------------------------------- formats */
@@ -227,7 +205,7 @@ __host__ __device__ inline size_t act_bytes(int kind, int n) {
  * block-sum scratch, and the router's probabilities when it routes. */
 inline size_t gemv_smem(int kind, int n, int n_experts) {
     size_t bytes = act_bytes(kind, n) + 64 * sizeof(float);
-    size_t router = 16 + ((size_t)((n_experts + 3) & ~3) + 2 * MAX_EXPERTS_USED) * sizeof(float);
+    size_t router = 16 + ((size_t)((n_experts + 3) & ~3) + 2 * MAX_EXPERTS_USED + 32) * sizeof(float);
     return bytes > router ? bytes : router;
 }
 

@@ -329,90 +329,78 @@ __device__ __forceinline__ void prefetch_row_set(int n, int64_t row_bytes, RowAt
     }
 }
 
-/* This block's share of a launch's L2 plan, in 128-byte lines spread over
- * all threads of the grid (block `b` of `n_blocks`). Fire and forget:
- * nothing waits for the lines. */
-__device__ __forceinline__ void prefetch_plan(const l2_plan &p, int b, int n_blocks) {
-    const int64_t first = (int64_t)b * blockDim.x + threadIdx.x, step = (int64_t)n_blocks * blockDim.x;
-    for (int i = 0; i < p.n; i++) {
-        const l2_span &sp = p.span[i];
-        const int64_t lines = (sp.bytes + 127) >> 7;
-        for (int64_t t = first; t < lines * sp.count; t += step) {
-            const int64_t j = t / lines;
-            const int e = sp.ids ? sp.ids[j] : (int)j;
-            prefetch_l2(sp.base + e * sp.stride + ((t - j * lines) << 7));
-        }
-    }
-}
-
 /* ---------------------------------------------------------------- gemv */
+
+__device__ __forceinline__ float block_max(float v, float *scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : -INFINITY;
+    return warp_max(v);
+}
 
 /* Router: softmax or sigmoid over the logits, the k largest (lowest id on
  * ties), their weights renormalised and scaled: route_tokens in
- * cpu_forward.c. One warp; p is n_experts floats of shared memory. */
+ * cpu_forward.c. The whole (last) block: each thread ranks its experts by
+ * counting the better ones, so the top k cost one pass, not k. p: the
+ * router's part of gemv_smem(). */
 __device__ __forceinline__ void route_on_device(const gemv_args &a, float *p) {
-    if (threadIdx.x >= 32) return;
-    const int lane = threadIdx.x, n = a.n_experts;
+    const int tid = threadIdx.x, nt = blockDim.x, n = a.n_experts;
     const float *logits = a.seg[0].out;
+    float *chosen_w = p + ((n + 3) & ~3); /* k floats, k ints, then 32 floats of scratch */
+    int *chosen_id = (int *)(chosen_w + MAX_EXPERTS_USED);
+    float *scratch = (float *)(chosen_id + MAX_EXPERTS_USED);
     float m = -INFINITY;
-    for (int i = lane; i < n; i += 32) {
+    for (int i = tid; i < n; i += nt) {
         p[i] = __ldcg(logits + i);
         m = fmaxf(m, p[i]);
     }
     if (a.gating == 0) {
-        m = warp_max(m);
+        m = block_max(m, scratch);
         float sum = 0.0f;
-        for (int i = lane; i < n; i += 32) {
+        for (int i = tid; i < n; i += nt) {
             p[i] = expf(p[i] - m);
             sum += p[i];
         }
-        sum = warp_sum(sum);
-        float inv = (float)(1.0 / (double)sum);
-        for (int i = lane; i < n; i += 32) p[i] *= inv;
+        sum = block_sum(sum, scratch);
+        const float inv = (float)(1.0 / (double)sum);
+        for (int i = tid; i < n; i += nt) p[i] *= inv;
     } else {
-        for (int i = lane; i < n; i += 32) p[i] = 1.0f / (1.0f + expf(-p[i]));
+        for (int i = tid; i < n; i += nt) p[i] = 1.0f / (1.0f + expf(-p[i]));
     }
-    __syncwarp();
-    float *chosen_w = p + ((n + 3) & ~3); /* k floats, then k ints */
-    int *chosen_id = (int *)(chosen_w + MAX_EXPERTS_USED);
-        for (int j = 0; j < a.k; j++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int i = lane; i < n; i += 32)
-            if (p[i] > bv || (p[i] == bv && i < bi)) bv = p[i], bi = i;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            float ov = __shfl_xor_sync(FULL_MASK, bv, off);
-            int oi = __shfl_xor_sync(FULL_MASK, bi, off);
-            if (ov > bv || (ov == bv && oi < bi)) bv = ov, bi = oi;
+    __syncthreads();
+    /* a strict order (NaN last), so the ranks are a permutation and every
+     * chosen id is in range */
+    for (int i = tid; i < n; i += nt) {
+        const float v = isnan(p[i]) ? -INFINITY : p[i];
+        int rank = 0;
+        for (int j = 0; j < n; j++) {
+            const float w = isnan(p[j]) ? -INFINITY : p[j];
+            rank += w > v || (w == v && j < i);
         }
-        if (bi == 0x7fffffff) bi = 0; /* NaN everywhere: any id, never out of range */
-        __syncwarp();
-        if (lane == 0) {
-            chosen_w[j] = bv;
-            chosen_id[j] = bi;
-            p[bi] = -INFINITY;
-        }
-        __syncwarp();
-    }
+        if (rank < a.k) chosen_w[rank] = p[i], chosen_id[rank] = i;
 #ifdef MOE_CUDA_SIM
-    if (lane == 0 && getenv("MOE_SIM_TRACE_ROUTES")) {
+        if (rank == a.k) scratch[0] = v; /* the best expert not chosen, for the trace */
+#endif
+    }
+    __syncthreads();
+    if (tid != 0) return;
+#ifdef MOE_CUDA_SIM
+    if (getenv("MOE_SIM_TRACE_ROUTES")) {
         fprintf(stderr, "route:");
         for (int j = 0; j < a.k; j++) fprintf(stderr, " %d:%.9g", chosen_id[j], chosen_w[j]);
-        float next = -INFINITY;
-        for (int i = 0; i < n; i++) next = fmaxf(next, p[i]);
-        fprintf(stderr, " | next %.9g\n", next);
+        fprintf(stderr, " | next %.9g\n", a.k < n ? scratch[0] : -INFINITY);
     }
 #endif
-    if (lane == 0) {
-        float sum = 0.0f;
-        for (int j = 0; j < a.k; j++) sum += chosen_w[j];
-            for (int j = 0; j < a.k; j++) {
-            float w = chosen_w[j];
-            if (a.norm_topk) w /= sum;
-            a.route_w[j] = w * a.w_scale;
-            a.route_ids[j] = chosen_id[j];
-        }
+    float sum = 0.0f;
+    for (int j = 0; j < a.k; j++) sum += chosen_w[j];
+    for (int j = 0; j < a.k; j++) {
+        float w = chosen_w[j];
+        if (a.norm_topk) w /= sum;
+        a.route_w[j] = w * a.w_scale;
+        a.route_ids[j] = chosen_id[j];
     }
 }
 
@@ -433,7 +421,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         const dmat &w = a.seg[s].w;
         return w.body + (int64_t)(first + i - (s ? a.seg_end[s - 1] : 0)) * w.row_stride;
     });
-    prefetch_plan(a.prefetch, blockIdx.x, gridDim.x);
     pdl_wait();
     pdl_launch_dependents();
     stage_act(F::ACT, a.in, smem, NULL, NULL);
@@ -510,7 +497,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     const int total = routed_rows + (a.has_shared ? a.sh_gate.rows : 0);
     pdl_wait();
     pdl_launch_dependents();
-    /* the block's first gate and up rows (ids known now), then the plan */
+    /* the block's first gate and up rows (the ids are known now) */
     const int first = blockIdx.x * GEMV_WARPS * G;
     prefetch_row_set(2 * max(0, min(GEMV_WARPS * G, total - first)), (a.n_routed ? a.gate : a.sh_gate).row_stride,
                      [&](int i) {
@@ -521,7 +508,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
                          const int e = routed && a.ids ? a.ids[j] : 0;
                          return m.body + e * m.expert_stride + (int64_t)r * m.row_stride;
                      });
-    prefetch_plan(a.prefetch, blockIdx.x, gridDim.x); /* may name the routed experts: after the wait */
     stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
         for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
@@ -566,7 +552,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     const int total = a.n_routed ? a.down.rows : a.sh_down.rows;
     pdl_wait();
     pdl_launch_dependents();
-    prefetch_plan(a.prefetch, blockIdx.x, gridDim.x);
     if (threadIdx.x < a.n_routed) {
         ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
         weights[threadIdx.x] = a.route_w ? a.route_w[threadIdx.x] : 1.0f;
