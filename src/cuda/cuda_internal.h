@@ -201,11 +201,18 @@ __host__ __device__ inline size_t act_bytes(int kind, int n) {
     return align16((size_t)n) + align16((size_t)n / 256 * 4) + align16((size_t)n / 16 * 2);
 }
 
+/* Shared memory of route_on_device (kernels.cuh): the probabilities, the
+ * chosen weights and ids, a block reduction's scratch. */
+inline size_t route_smem(int n_experts) {
+    return ((size_t)((n_experts + 3) & ~3) + 2 * MAX_EXPERTS_USED + 32) * sizeof(float);
+}
+
 /* Dynamic shared memory of a gemv-family launch: the activation, the
- * block-sum scratch, and the router's probabilities when it routes. */
+ * block-sum scratch, and the router's part (after a 16-byte flag) when it
+ * routes. */
 inline size_t gemv_smem(int kind, int n, int n_experts) {
     size_t bytes = act_bytes(kind, n) + 64 * sizeof(float);
-    size_t router = 16 + ((size_t)((n_experts + 3) & ~3) + 2 * MAX_EXPERTS_USED + 32) * sizeof(float);
+    size_t router = 16 + route_smem(n_experts);
     return bytes > router ? bytes : router;
 }
 

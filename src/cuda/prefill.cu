@@ -595,8 +595,7 @@ static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *
     memset(&r, 0, sizeof r);
     r.n_experts = E, r.k = k, r.gating = c->gating == GATING_SIGMOID, r.norm_topk = c->norm_topk;
     r.w_scale = c->expert_weights_scale;
-    const size_t route_smem = (size_t)(((E + 3) & ~3) + 2 * MAX_EXPERTS_USED) * sizeof(float);
-    LAUNCH(route_kernel, T, 32, route_smem, s->stream, r, (const float *)p->logits, p->route_w, p->route_ids);
+    LAUNCH(route_kernel, T, 32, route_smem(E), s->stream, r, (const float *)p->logits, p->route_w, p->route_ids);
     CUDA_CHECK(cudaMemcpyAsync(p->host, p->route_ids, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
     const int n_used = group_by_expert(p, T, E);
