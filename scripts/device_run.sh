@@ -11,7 +11,8 @@
 # $OUT gets (8 files at most come back):
 #   results.md   the summary (also printed last)
 #   bench.md     moe bench, llama-bench style, beside the measured read bandwidth,
-#                and the decode step timed stage by stage (--profile=512)
+#                the decode step timed stage by stage (--profile=512), and
+#                pp512 with decode at depth 4096
 #   bench.json   the same as JSON
 #   build.log    configure + build, with ptxas' registers/spills per kernel
 #   kernels.log  tests/test_cuda_kernels (every GEMV type, experts by id)
@@ -154,6 +155,12 @@ if [ -f "$MODEL" ]; then
     sed -n '/^| model/,$p' "$OUT/bench.log.tmp" >"$OUT/bench.md"
     grep -v "^| \|^$\|^Read\|^A decoded\|^GPU memory\|^Repetitions" "$OUT/bench.log.tmp" >>"$OUT/build.log" 2>/dev/null
     rm -f "$OUT/bench.log.tmp"
+    if [ "${MOE_QUICK:-0}" != 1 ]; then
+        # decode at depth 4096 (its cache reads counted) beside pp512, one more table in bench.md
+        step bench_depth 150 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 512 -n 64 -r 3 -d 4096 --device cuda
+        { echo; echo "### depth 4096"; echo; sed -n '/^| model/,$p' "$OUT/bench.log.tmp"; } >>"$OUT/bench.md"
+        rm -f "$OUT/bench.log.tmp"
+    fi
     # the kernel lab: each GEMV against a pure read of the same bytes, the
     # expert kernels, launch chains with and without graphs/PDL
     [ "${MOE_LAB:-1}" = 1 ] && step lab 300 "$OUT/lab.md" "$MOE" lab -r 20

@@ -94,7 +94,6 @@ template <class K, class... A> void sim_launch_kernel(dim3 grid, dim3 block, siz
 static inline float h2f(uint16_t h) { return block_fp16_to_f32(h); }
 static inline float f2h_round(float f) { return block_fp16_to_f32(block_f32_to_fp16(f)); }
 static inline uint4 ldg16(const void *p) { return *(const uint4 *)p; }
-static inline uint4 ldg16_l1(const void *p) { return *(const uint4 *)p; }
 static inline uint2 ldg8(const void *p) { return *(const uint2 *)p; }
 static inline uint16_t ldg_u16(const void *p) { return *(const uint16_t *)p; }
 static inline void prefetch_l2(const void *p) { (void)p; }
@@ -114,9 +113,6 @@ __device__ __forceinline__ uint4 ldg16(const void *p) {
                  : "l"(p));
     return v;
 }
-/* The same through L1, for loads whose neighbours in the warp read the
- * other half of their 32-byte sectors. */
-__device__ __forceinline__ uint4 ldg16_l1(const void *p) { return __ldg((const uint4 *)p); }
 __device__ __forceinline__ uint2 ldg8(const void *p) { return __ldg((const uint2 *)p); }
 __device__ __forceinline__ uint16_t ldg_u16(const void *p) { return __ldg((const unsigned short *)p); }
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }

@@ -5,10 +5,9 @@
  * in src/quant/k_quant.h reads, and a unit's dot product and
  * dequantization once the format has unpacked its codes.
  *
- * Group g (0..3) of a block is its 64 weights 64g.. and half hh (0, 1)
- * of it 16 bytes of nibbles: codes lo[] are weights 64g + 16hh + i
- * (sub-block 2g), hi[] weights 64g + 32 + 16hh + i (sub-block 2g + 1),
- * four a word.
+ * Unit u of a block (8 a block) covers group g = (u % 8) / 2 of 64 weights,
+ * half hh = u % 2: codes lo[] are weights 64g + 16hh + i (sub-block 2g),
+ * hi[] weights 64g + 32 + 16hh + i (sub-block 2g + 1), four a word.
  * Against Q8_K activations:
  *     d8 * (d * (sc0 * dot_lo + sc1 * dot_hi) - dmin * (m0 * s_lo + m1 * s_hi))
  * with dot_* from 4 dp4a each and s_* the activation sums of those 16.
@@ -33,52 +32,39 @@ __device__ __forceinline__ void k_group_scales(const uint4 &h, int g, int *sc0, 
     *m1 = (mn >> (s + 8)) & 0xff;
 }
 
-/* Halves hh0 .. hh0 + H - 1 of group g of block b against Q8_K: H = 1 is
- * a 16-byte unit (Q5_K), H = 2 the whole group (Q4_K's 32-byte unit).
- * Integer sums over the halves, then one float step: a group's scales are
- * decoded once however many halves it has. */
-template <int H>
-__device__ __forceinline__ float k_group_dot(const uint4 &h, const unsigned (&lo)[H][4], const unsigned (&hi)[H][4],
-                                             const act_view &a, int act_off, int b, int g, int hh0) {
+__device__ __forceinline__ float k_unit_dot(const uint4 &h, const unsigned lo[4], const unsigned hi[4],
+                                            const act_view &a, int act_off, int u) {
+    const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
     int sc0, m0, sc1, m1;
     k_group_scales(h, g, &sc0, &m0, &sc1, &m1);
-    const int base = act_off + b * 256 + 64 * g;
-    int dot_lo = 0, dot_hi = 0, s_lo = 0, s_hi = 0;
+    const int e = act_off + b * 256 + 64 * g + 16 * hh;
+    const int4 al4 = *(const int4 *)(a.q + e), ah4 = *(const int4 *)(a.q + e + 32);
+    const int al[4] = {al4.x, al4.y, al4.z, al4.w}, ah[4] = {ah4.x, ah4.y, ah4.z, ah4.w};
+    int dot_lo = 0, dot_hi = 0;
 #pragma unroll
-    for (int k = 0; k < H; k++) {
-        const int e = base + 16 * (hh0 + k);
-        const int4 al4 = *(const int4 *)(a.q + e), ah4 = *(const int4 *)(a.q + e + 32);
-        const int al[4] = {al4.x, al4.y, al4.z, al4.w}, ah[4] = {ah4.x, ah4.y, ah4.z, ah4.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            dot_lo = __dp4a((int)lo[k][i], al[i], dot_lo);
-            dot_hi = __dp4a((int)hi[k][i], ah[i], dot_hi);
-        }
-        s_lo += a.s16[e >> 4];
-        s_hi += a.s16[(e + 32) >> 4];
+    for (int i = 0; i < 4; i++) {
+        dot_lo = __dp4a((int)lo[i], al[i], dot_lo);
+        dot_hi = __dp4a((int)hi[i], ah[i], dot_hi);
     }
     const int sum_q = sc0 * dot_lo + sc1 * dot_hi;
-    const int sum_m = m0 * s_lo + m1 * s_hi;
+    const int sum_m = m0 * a.s16[e >> 4] + m1 * a.s16[(e + 32) >> 4];
     const float ad = a.d[(act_off + b * 256) >> 8];
     const float d = h2f((uint16_t)(h.x & 0xffff)) * ad, dmin = h2f((uint16_t)(h.x >> 16)) * ad;
     return d * (float)sum_q - dmin * (float)sum_m;
 }
 
-template <int H>
-__device__ __forceinline__ void k_group_dequant(const uint4 &h, const unsigned (&lo)[H][4], const unsigned (&hi)[H][4],
-                                                int b, int g, int hh0, float *out) {
+__device__ __forceinline__ void k_unit_dequant(const uint4 &h, const unsigned lo[4], const unsigned hi[4], int u,
+                                               float *out) {
+    const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
     int sc0, m0, sc1, m1;
     k_group_scales(h, g, &sc0, &m0, &sc1, &m1);
     const float d = h2f((uint16_t)(h.x & 0xffff)), dmin = h2f((uint16_t)(h.x >> 16));
     const float s0 = d * sc0, n0 = dmin * m0, s1 = d * sc1, n1 = dmin * m1;
+    float *y = out + b * 256 + 64 * g + 16 * hh;
 #pragma unroll
-    for (int k = 0; k < H; k++) {
-        float *y = out + b * 256 + 64 * g + 16 * (hh0 + k);
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            y[i] = s0 * (float)((lo[k][i >> 2] >> (8 * (i & 3))) & 0xff) - n0;
-            y[32 + i] = s1 * (float)((hi[k][i >> 2] >> (8 * (i & 3))) & 0xff) - n1;
-        }
+    for (int i = 0; i < 16; i++) {
+        y[i] = s0 * (float)((lo[i >> 2] >> (8 * (i & 3))) & 0xff) - n0;
+        y[32 + i] = s1 * (float)((hi[i >> 2] >> (8 * (i & 3))) & 0xff) - n1;
     }
 }
 

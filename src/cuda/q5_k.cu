@@ -5,10 +5,9 @@
  * 32 bytes of fifth bits qh, 128 bytes of nibbles). No meta array.
  *
  * Unit c (0..7): nibble chunk c (bytes 48 + 16c), the 16 qh bytes of the
- * same l range (16 + 16 (c % 2)) and the header: half c % 2 of group
- * c / 2 (k_quant.cuh), with bit 2g (low nibbles) or 2g + 1 (high nibbles)
- * of each qh byte as the code's bit 4. 3 loads per unit, 2 units per lane
- * in flight.
+ * same l range (16 + 16 (c % 2)) and the header: as Q4_K's unit, with bit
+ * 2g (low nibbles) or 2g + 1 (high nibbles) of each qh byte as the code's
+ * bit 4. 3 loads per unit, 2 units per lane in flight.
  */
 #include "cuda/kernels.cuh"
 #include "cuda/k_quant.cuh"
@@ -29,23 +28,23 @@ struct fmt_q5_k {
         return r;
     }
     /* codes of the unit's 16 low-nibble and 16 high-nibble weights, 4 per word */
-    static __device__ __forceinline__ void codes(const raw &r, int g, unsigned (&lo)[1][4], unsigned (&hi)[1][4]) {
+    static __device__ __forceinline__ void codes(const raw &r, int g, unsigned lo[4], unsigned hi[4]) {
         const unsigned w[4] = {r.q.x, r.q.y, r.q.z, r.q.w}, qh[4] = {r.qh.x, r.qh.y, r.qh.z, r.qh.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            lo[0][i] = (w[i] & 0x0f0f0f0f) | (((qh[i] >> (2 * g)) & 0x01010101) << 4);
-            hi[0][i] = ((w[i] >> 4) & 0x0f0f0f0f) | (((qh[i] >> (2 * g + 1)) & 0x01010101) << 4);
+            lo[i] = (w[i] & 0x0f0f0f0f) | (((qh[i] >> (2 * g)) & 0x01010101) << 4);
+            hi[i] = ((w[i] >> 4) & 0x0f0f0f0f) | (((qh[i] >> (2 * g + 1)) & 0x01010101) << 4);
         }
     }
     static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
-        unsigned lo[1][4], hi[1][4];
+        unsigned lo[4], hi[4];
         codes(r, (u & 7) >> 1, lo, hi);
-        return k_group_dot<1>(r.h, lo, hi, a, act_off, u >> 3, (u & 7) >> 1, u & 1);
+        return k_unit_dot(r.h, lo, hi, a, act_off, u);
     }
     static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
-        unsigned lo[1][4], hi[1][4];
+        unsigned lo[4], hi[4];
         codes(r, (u & 7) >> 1, lo, hi);
-        k_group_dequant<1>(r.h, lo, hi, u >> 3, (u & 7) >> 1, u & 1, out);
+        k_unit_dequant(r.h, lo, hi, u, out);
     }
 };
 
