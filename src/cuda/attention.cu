@@ -77,24 +77,15 @@ __device__ __forceinline__ void store_dims(float *p, const float *v, bool mine) 
     for (int i = 0; i < DPL; i++) p[i] = v[i];
 }
 
-/* The RMSNorm scale of a vector of n whose sum of squares is ss (summed in
- * double, as cpu_rmsnorm: the CPU's scale bit for bit). Not inlined: the
- * double division and square root are long, and four call sites share it. */
-__device__ __noinline__ float rms_scale(double ss, int n, float eps) {
-    return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-}
+/* rms_scale, not inlined: the double division and square root are long,
+ * and four call sites share them (code size, see the top of this file). */
+__device__ __noinline__ float head_rms_scale(double ss, int n, float eps) { return rms_scale(ss, n, eps); }
 
 template <int DPL>
 __device__ __forceinline__ void norm_head(float *x, const float *w, double ss, int n, float eps) {
-    const float scale = rms_scale(ss, n, eps);
+    const float scale = head_rms_scale(ss, n, eps);
 #pragma unroll
     for (int i = 0; i < DPL; i++) x[i] = x[i] * scale * w[i];
-}
-
-__device__ __forceinline__ double warp_sum_double(double v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
-    return v;
 }
 
 template <int DPL>
@@ -102,14 +93,6 @@ __device__ __forceinline__ double sum_squares(const float *x) {
     double ss = 0.0;
 #pragma unroll
     for (int i = 0; i < DPL; i++) ss += (double)x[i] * x[i];
-    return warp_sum_double(ss);
-}
-
-/* Sum of squares of n floats, the warp striding over them (OLMoE's norm
- * over the whole projection). */
-__device__ __forceinline__ double sum_squares_strided(const float *x, int n, int lane) {
-    double ss = 0.0;
-    for (int i = lane; i < n; i += 32) ss += (double)x[i] * x[i];
     return warp_sum_double(ss);
 }
 

@@ -102,8 +102,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
         const float4 v = *(const float4 *)(a.in.src + i);
         ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
     }
-    ss = block_sum_double(ss, ss_scratch);
-    const float scale = (float)(1.0 / sqrt(ss / (double)n + (double)a.in.eps)); /* as stage_act */
+    const float scale = rms_scale(block_sum_double(ss, ss_scratch), n, a.in.eps); /* as stage_act */
     float dot = 0.0f;
     for (int i = tid * 4; i < n; i += ROUTER_THREADS * 4) {
         const float4 v = *(const float4 *)(a.in.src + i), g = *(const float4 *)(a.in.norm + i);

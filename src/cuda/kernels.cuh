@@ -85,17 +85,33 @@ __device__ __forceinline__ act_view act_view_of(int kind, uint8_t *smem, int n) 
  * same here makes the norm's scale bit-identical to the CPU's, so the
  * activations quantized after a norm get the CPU's codes exactly.
  * scratch: 32 doubles. */
-__device__ __forceinline__ double block_sum_double(double v, double *scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+__device__ __forceinline__ double warp_sum_double(double v) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
+    return v;
+}
+
+__device__ __forceinline__ double block_sum_double(double v, double *scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_double(v);
     __syncthreads();
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     v = lane < nw ? scratch[lane] : 0.0;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
-    return v;
+    return warp_sum_double(v);
+}
+
+/* Sum of squares of n floats in double, the warp striding over them. */
+__device__ __forceinline__ double sum_squares_strided(const float *x, int n, int lane) {
+    double ss = 0.0;
+    for (int i = lane; i < n; i += 32) ss += (double)x[i] * x[i];
+    return warp_sum_double(ss);
+}
+
+/* The RMSNorm scale of n values whose squares sum to ss, in double as
+ * cpu_rmsnorm computes it: the CPU's scale bit for bit. */
+__device__ __forceinline__ float rms_scale(double ss, int n, float eps) {
+    return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
 }
 
 __device__ __forceinline__ float block_sum(float v, float *scratch) {
@@ -123,9 +139,7 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
             float4 v = *(const float4 *)(in.src + i);
             ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
         }
-        ss = block_sum_double(ss, (double *)scratch);
-        /* as cpu_rmsnorm: the scale from the mean square in double */
-        scale = (float)(1.0 / sqrt(ss / (double)n + (double)in.eps));
+        scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
     }
     if (gate_w) {
         float dot = 0.0f;

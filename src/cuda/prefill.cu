@@ -77,8 +77,7 @@ static __global__ void __launch_bounds__(ROW_THREADS)
         double ss = 0.0;
         for (int i = threadIdx.x; i < n; i += blockDim.x)
             ss += (double)x[at + i] * x[at + i];
-        ss = block_sum_double(ss, scratch);
-        scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+        scale = rms_scale(block_sum_double(ss, scratch), n, eps);
     }
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float v = w ? x[at + i] * scale * w[i] : x[at + i];
@@ -160,13 +159,7 @@ struct prefill_attn {
 
 /* RMSNorm of one head in place, by one warp (the scale as cpu_rmsnorm). */
 static __device__ void rms_head(float *p, int n, const float *w, float eps, int lane) {
-    double ss = 0.0;
-    for (int d = lane; d < n; d += 32)
-        ss += (double)p[d] * p[d];
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        ss += __shfl_xor_sync(FULL_MASK, ss, off);
-    const float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    const float scale = rms_scale(sum_squares_strided(p, n, lane), n, eps);
     for (int d = lane; d < n; d += 32)
         p[d] = p[d] * scale * w[d];
 }
@@ -199,10 +192,8 @@ static __global__ void __launch_bounds__(ROW_THREADS) qk_prepare_kernel(const pr
             sq += (double)q[i] * q[i];
         for (int i = tid; i < kv_dim; i += nt)
             sk += (double)k[i] * k[i];
-        sq = block_sum_double(sq, scratch);
-        sk = block_sum_double(sk, scratch);
-        const float scale_q = (float)(1.0 / sqrt(sq / (double)q_dim + (double)a.eps));
-        const float scale_k = (float)(1.0 / sqrt(sk / (double)kv_dim + (double)a.eps));
+        const float scale_q = rms_scale(block_sum_double(sq, scratch), q_dim, a.eps);
+        const float scale_k = rms_scale(block_sum_double(sk, scratch), kv_dim, a.eps);
         for (int i = tid; i < q_dim; i += nt)
             q[i] = q[i] * scale_q * a.q_norm[i];
         for (int i = tid; i < kv_dim; i += nt)
