@@ -478,7 +478,8 @@ static void print_help(void) {
            "  --threads N        CPU threads (default: all)\n"
            "  --bw-gib G         size of the read-bandwidth probe buffer (default 8)\n"
            "  --profile[=POS]    (GPU) also time each stage of a decode step at position POS\n"
-           "                     (default 512): launch by launch, an event between stages\n"
+           "                     (default 512): launch by launch, an event between stages, and\n"
+           "                     inside the CUDA graph, each stage left out in turn\n"
            "  --profile-reps R   repetitions of the profiled step (default 50)\n");
 }
 
