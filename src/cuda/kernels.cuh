@@ -79,12 +79,31 @@ __device__ __forceinline__ act_view act_view_of(int kind, uint8_t *smem, int n) 
     return v;
 }
 
-/* Sum over the block; every thread gets it. scratch: 32 floats. */
-/* The same in double: the RMSNorm's sum of squares. The CPU sums squares in
+/* A reduction over the block by a warp reduction; every thread gets the
+ * result. scratch: 32 values. */
+template <class T, class WarpReduce>
+__device__ __forceinline__ T block_reduce(T v, T *scratch, T identity, WarpReduce warp_reduce) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_reduce(v);
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : identity;
+    return warp_reduce(v);
+}
+
+__device__ __forceinline__ float block_sum(float v, float *scratch) {
+    return block_reduce(v, scratch, 0.0f, [](float x) { return warp_sum(x); });
+}
+
+__device__ __forceinline__ float block_max(float v, float *scratch) {
+    return block_reduce(v, scratch, -INFINITY, [](float x) { return warp_max(x); });
+}
+
+/* Sums in double: the RMSNorm's sum of squares. The CPU sums squares in
  * double, which makes the sum all but independent of the order; doing the
  * same here makes the norm's scale bit-identical to the CPU's, so the
- * activations quantized after a norm get the CPU's codes exactly.
- * scratch: 32 doubles. */
+ * activations quantized after a norm get the CPU's codes exactly. */
 __device__ __forceinline__ double warp_sum_double(double v) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(FULL_MASK, v, off);
@@ -92,13 +111,7 @@ __device__ __forceinline__ double warp_sum_double(double v) {
 }
 
 __device__ __forceinline__ double block_sum_double(double v, double *scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_double(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < nw ? scratch[lane] : 0.0;
-    return warp_sum_double(v);
+    return block_reduce(v, scratch, 0.0, [](double x) { return warp_sum_double(x); });
 }
 
 /* Sum of squares of n floats in double, the warp striding over them. */
@@ -114,15 +127,6 @@ __device__ __forceinline__ float rms_scale(double ss, int n, float eps) {
     return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
 }
 
-__device__ __forceinline__ float block_sum(float v, float *scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    __syncthreads(); /* scratch may still be read by a previous call */
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < nw ? scratch[lane] : 0.0f;
-    return warp_sum(v);
-}
 
 /* Normalise and quantize `in` into shared memory as `kind`. When gate_w is
  * given, also computes sigmoid(dot(normalised input, gate_w)) and block 0
@@ -344,16 +348,6 @@ __device__ __forceinline__ void prefetch_row_set(int n, int64_t row_bytes, RowAt
 }
 
 /* ---------------------------------------------------------------- gemv */
-
-__device__ __forceinline__ float block_max(float v, float *scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < nw ? scratch[lane] : -INFINITY;
-    return warp_max(v);
-}
 
 /* Router: softmax or sigmoid over the logits, the k largest (lowest id on
  * ties), their weights renormalised and scaled: route_tokens in
