@@ -284,6 +284,8 @@ typedef struct lab_row {
     cuda_lab_timing t;
 } lab_row;
 
+enum { N_CHAINS = 3 };
+
 typedef struct chain_row {
     const char *what;
     int blocks, threads;
@@ -296,7 +298,7 @@ typedef struct lab_report {
     double bw_median, bw_min, bw_max;
     lab_row gemv[N_LAB_TYPES * N_SHAPES], experts[N_LAB_TYPES * 2];
     int n_gemv, n_experts;
-    chain_row chains[2];
+    chain_row chains[N_CHAINS];
     int failures;
 } lab_report;
 
@@ -340,12 +342,13 @@ static void print_markdown(const lab_report *r) {
            N_FF, N_EMBD, N_EMBD, N_FF);
     print_table_md(r, r->experts, r->n_experts, "kernel", "kernel");
     printf("\n### A chain of %d dependent launches (each reads what the one before wrote)\n\n", CHAIN_LAUNCHES);
-    printf("| kernel | blocks x threads | plain stream us/launch | one graph us/launch | graph + PDL us/launch |\n");
-    printf("| --- | ---: | ---: | ---: | ---: |\n");
-    for (int i = 0; i < 2; i++) {
+    printf("| kernel | blocks x threads | plain stream us/launch | one graph us/launch | graph + PDL us/launch | one "
+           "kernel, grid barriers us/link |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    for (int i = 0; i < N_CHAINS; i++) {
         const chain_row *c = &r->chains[i];
-        printf("| %s | %d x %d | %.2f | %.2f | %.2f |\n", c->what, c->blocks, c->threads, c->c.plain_us, c->c.graph_us,
-               c->c.pdl_us);
+        printf("| %s | %d x %d | %.2f | %.2f | %.2f | %.2f |\n", c->what, c->blocks, c->threads, c->c.plain_us,
+               c->c.graph_us, c->c.pdl_us, c->c.barrier_us);
     }
     printf("\nTimes: median of %d replays after a warm-up replay of a CUDA graph of max(copies, 8) launches, "
            "between two CUDA events, divided by its launches, so a launch's time includes the graph's gap before the "
@@ -355,7 +358,8 @@ static void print_markdown(const lab_report *r) {
            "block's meta) of the same rows, only XOR-folded. check: worst |gpu - cpu| / sum |w x| over the rows "
            "(ffn_up: of h, the sums of gate and up carried through SwiGLU; ffn_down: of the residual's increment, on "
            "the GPU's own h); over %.0e the variant fails and is not timed. The launch chain times one run of the "
-           "whole chain, divided by its launches (median of %d).\n",
+           "whole chain, divided by its launches (median of %d); the grid-barrier column is one cooperative kernel "
+           "doing the same links with every block resident, a barrier between links.\n",
            r->reps, TOP_K, LAB_TOLERANCE, r->reps);
     print_occupancy_warnings(r->gemv, r->n_gemv);
     print_occupancy_warnings(r->experts, r->n_experts);
@@ -383,11 +387,12 @@ static json_t *json_of_rows(const lab_report *r, const lab_row *rows, int n) {
 
 static void print_json(const lab_report *r) {
     json_t *chains = json_array();
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < N_CHAINS; i++) {
         const chain_row *c = &r->chains[i];
-        json_array_append_new(chains, json_pack("{s:s, s:i, s:i, s:i, s:f, s:f, s:f}", "kernel", c->what, "blocks",
+        json_array_append_new(chains, json_pack("{s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f}", "kernel", c->what, "blocks",
                                                 c->blocks, "threads", c->threads, "launches", CHAIN_LAUNCHES, "plain_us",
-                                                c->c.plain_us, "graph_us", c->c.graph_us, "graph_pdl_us", c->c.pdl_us));
+                                                c->c.plain_us, "graph_us", c->c.graph_us, "graph_pdl_us", c->c.pdl_us,
+                                                "grid_barrier_us", c->c.barrier_us));
     }
     json_t *root = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:o, s:o}", "device", r->device, "sms",
                              r->n_sm, "repetitions", r->reps, "read_bandwidth_gbps", r->bw_median,
@@ -463,8 +468,10 @@ static moe_status measure_experts(lab_report *r, const weight_pool *pool, uint64
 }
 
 static moe_status measure_chains(lab_report *r, moe_error *err) {
-    const chain_row shapes[2] = {{"tiny", 1, 32, {0, 0, 0}}, {"3 blocks per SM", 3 * r->n_sm, 256, {0, 0, 0}}};
-    for (int i = 0; i < 2; i++) {
+    const chain_row shapes[N_CHAINS] = {{"tiny", 1, 32, {0, 0, 0, 0}},
+                                        {"3 blocks per SM", 3 * r->n_sm, 256, {0, 0, 0, 0}},
+                                        {"1 block per SM (a persistent step's shape)", r->n_sm, 512, {0, 0, 0, 0}}};
+    for (int i = 0; i < N_CHAINS; i++) {
         r->chains[i] = shapes[i];
         moe_status st = cuda_lab_launch_chain(CHAIN_LAUNCHES, shapes[i].blocks, shapes[i].threads, r->reps,
                                               &r->chains[i].c, err);
@@ -534,8 +541,9 @@ static void print_help(void) {
            "  - gemv_kernel on 4096 x 2048, 2048 x 4096 and the 151936 x 2048 output head;\n"
            "  - ffn_up and ffn_down on 128 experts (gate/up 768 x 2048, down 2048 x 768),\n"
            "    8 of them a launch by ids in device memory that change every launch;\n"
-           "  - a chain of 1000 dependent launches (1 x 32 and 3 blocks per SM x 256\n"
-           "    threads): plain on a stream, as one graph, as a graph with PDL.\n"
+           "  - a chain of 1000 dependent launches (1 x 32, 3 blocks per SM x 256 and\n"
+           "    1 per SM x 512 threads): plain on a stream, as one graph, as a graph with\n"
+           "    PDL, and as one resident kernel whose links are parted by grid barriers.\n"
            "Weights are copied on the GPU until the copies exceed four times its L2 and\n"
            "every launch reads the next copy, so the figures are DRAM's. A variant whose\n"
            "worst |gpu - cpu| / sum |w x| is over 1e-5 is marked FAIL, is not timed, and\n"

@@ -27,7 +27,8 @@
  *
  * The launch chain: N launches of a kernel that reads what the previous
  * launch wrote, plain on a stream, replayed as one graph, and with
- * programmatic dependent launch inside a graph; the last value written
+ * programmatic dependent launch inside a graph; then the same N links in
+ * one cooperative kernel, parted by grid barriers. The last value written
  * proves the chain ran in order.
  */
 #include <math.h>
@@ -705,6 +706,69 @@ static moe_status time_chain(lab_ctx *c, int *cells, int how, int launches, int 
     return st;
 }
 
+/* The same chain inside one kernel whose blocks are all resident (a
+ * cooperative launch): the links are parted by grid-wide barriers instead
+ * of launches, what a persistent decode step would pay per phase. The
+ * arrival count only grows: barrier i waits for (i + 1) x blocks. */
+__device__ __forceinline__ void grid_barrier(unsigned *arrived, unsigned target) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(arrived, 1u);
+        while (*(volatile unsigned *)arrived < target) {
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+__global__ void barrier_chain_kernel(int *cells, unsigned *arrived, int links) {
+    for (int i = 0; i < links; i++) {
+        const int v = __ldcg(cells + (i & 1));
+        if (blockIdx.x == 0 && threadIdx.x == 0) cells[(i & 1) ^ 1] = v + 1;
+        else if (v < 0) cells[2] = v; /* never: keeps every thread's read */
+        grid_barrier(arrived, (unsigned)(i + 1) * gridDim.x);
+    }
+}
+
+#ifdef MOE_CUDA_SIM
+/* The simulator runs blocks one after another: a grid barrier cannot be
+ * simulated, and the lab does not run there. */
+static moe_status time_barrier_chain(lab_ctx *c, int *cells, int links, int blocks, int threads, int reps, double *us) {
+    return moe_error_set(c->err, MOE_ERR_UNSUPPORTED, "grid barriers need a GPU");
+}
+#else
+static moe_status time_barrier_chain(lab_ctx *c, int *cells, int links, int blocks, int threads, int reps, double *us) {
+    moe_error *err = c->err;
+    int per_sm = 0, cooperative = 0, n_sm = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, 0));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, barrier_chain_kernel, threads, 0));
+    if (!cooperative || blocks > per_sm * n_sm)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "%d blocks of %d threads cannot all be resident", blocks, threads);
+    double per[CUDA_LAB_MAX_REPS];
+    unsigned *arrived = (unsigned *)(cells + 3);
+    for (int r = -1; r < reps; r++) {
+        CUDA_CHECK(cudaMemsetAsync(cells, 0, 4 * sizeof(int), c->stream));
+        void *args[] = {&cells, &arrived, &links};
+        CUDA_CHECK(cudaEventRecord(c->start, c->stream));
+        CUDA_CHECK(cudaLaunchCooperativeKernel((const void *)barrier_chain_kernel, blocks, threads, args, 0, c->stream));
+        CUDA_CHECK(cudaEventRecord(c->stop, c->stream));
+        CUDA_CHECK(cudaEventSynchronize(c->stop));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, c->start, c->stop));
+        if (r >= 0) per[r] = ms * 1e3 / links;
+    }
+    *us = median_of(per, reps);
+    int last = -1;
+    CUDA_CHECK(cudaMemcpy(&last, cells + (links & 1), sizeof last, cudaMemcpyDeviceToHost));
+    if (last != links)
+        return moe_error_set(err, MOE_ERR_IO, "the barrier chain of %d links (%d x %d threads) ended at %d", links, blocks,
+                             threads, last);
+    return MOE_OK;
+}
+#endif
+
 moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps, cuda_lab_chain *out, moe_error *err) {
     memset(out, 0, sizeof *out);
     if (check_reps(reps, err) != MOE_OK) return MOE_ERR_RANGE;
@@ -713,10 +777,11 @@ moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps
     lab_ctx c;
     int *cells = NULL;
     moe_status st = lab_open(&c, err);
-    if (st == MOE_OK) st = lab_alloc(&c, (void **)&cells, 3 * sizeof(int));
+    if (st == MOE_OK) st = lab_alloc(&c, (void **)&cells, 4 * sizeof(int)); /* two links' cells, a sink, arrivals */
     if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_PLAIN, launches, blocks, threads, reps, &out->plain_us);
     if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_GRAPH, launches, blocks, threads, reps, &out->graph_us);
     if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_GRAPH_PDL, launches, blocks, threads, reps, &out->pdl_us);
+    if (st == MOE_OK) st = time_barrier_chain(&c, cells, launches, blocks, threads, reps, &out->barrier_us);
     lab_close(&c);
     return st;
 }
