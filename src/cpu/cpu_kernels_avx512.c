@@ -143,29 +143,10 @@ AVX512_INLINE void mxfp4_quad(const block_mxfp4 *w, const block_q8_0 *a, __m512 
     add_quad(sums01, sums23, _mm_mul_ps(X86_FP16_X4(a, d), x86_mxfp4_scales(w)), acc);
 }
 
-/* A kernel over blocks of 32, four at a time. The last 1..3 blocks are
- * copied next to zero blocks, whose products and factors are 0, so they
- * take the same path. */
-#define QUAD_KERNEL(name, quad_fn, w_type, a_type)                                                                     \
-    AVX512 float name(const void *weights, const void *activations, int64_t n) {                                       \
-        const w_type *w = weights;                                                                                     \
-        const a_type *a = activations;                                                                                 \
-        const int64_t blocks = n / 32;                                                                                 \
-        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};                                                    \
-        int64_t i = 0;                                                                                                 \
-        for (; i + 4 <= blocks; i += 4) {                                                                              \
-            x86_prefetch(&w[i], 4 * sizeof *w);                                                                        \
-            quad_fn(&w[i], &a[i], acc);                                                                                \
-        }                                                                                                              \
-        if (i < blocks) {                                                                                              \
-            w_type w_last[4] = {0};                                                                                    \
-            a_type a_last[4] = {0};                                                                                    \
-            memcpy(w_last, &w[i], (size_t)(blocks - i) * sizeof *w);                                                   \
-            memcpy(a_last, &a[i], (size_t)(blocks - i) * sizeof *a);                                                   \
-            quad_fn(w_last, a_last, acc);                                                                              \
-        }                                                                                                              \
-        return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));                                                    \
-    }
+AVX512_INLINE float sum2(__m512 a, __m512 b) { return _mm512_reduce_add_ps(_mm512_add_ps(a, b)); }
+
+#define QUAD_KERNEL(name, quad_fn, w_type, a_type) \
+    X86_QUAD_KERNEL(AVX512, __m512, _mm512_setzero_ps(), sum2, name, quad_fn, w_type, a_type)
 
 QUAD_KERNEL(cpu_avx512_dot_q4_0, q4_0_quad, block_q4_0, block_q8_0)
 QUAD_KERNEL(cpu_avx512_dot_q4_1, q4_1_quad, block_q4_1, block_q8_1)

@@ -138,6 +138,32 @@ X86_AVX2_INLINE __m128 x86_load4_fp16(const uint8_t *p0, const uint8_t *p1, cons
 #define X86_FP16_X4(blocks, field)                                                                                     \
     x86_load4_fp16((blocks)[0].field, (blocks)[1].field, (blocks)[2].field, (blocks)[3].field)
 
+/* A kernel over blocks of 32, four at a time, for either level: `attr` its
+ * target, `vec` its float vector with `zero` and `reduce2` (the sum of
+ * both accumulators' lanes), quad_fn(w, a, acc) the level's four-block
+ * step. The last 1..3 blocks are copied next to zero blocks, whose products
+ * and factors are 0, so they take the same path. */
+#define X86_QUAD_KERNEL(attr, vec, zero, reduce2, name, quad_fn, w_type, a_type)                                       \
+    attr float name(const void *weights, const void *activations, int64_t n) {                                         \
+        const w_type *w = weights;                                                                                     \
+        const a_type *a = activations;                                                                                 \
+        const int64_t blocks = n / 32;                                                                                 \
+        vec acc[2] = {zero, zero};                                                                                     \
+        int64_t i = 0;                                                                                                 \
+        for (; i + 4 <= blocks; i += 4) {                                                                              \
+            x86_prefetch(&w[i], 4 * sizeof *w);                                                                        \
+            quad_fn(&w[i], &a[i], acc);                                                                                \
+        }                                                                                                              \
+        if (i < blocks) {                                                                                              \
+            w_type w_last[4] = {0};                                                                                    \
+            a_type a_last[4] = {0};                                                                                    \
+            memcpy(w_last, &w[i], (size_t)(blocks - i) * sizeof *w);                                                   \
+            memcpy(a_last, &a[i], (size_t)(blocks - i) * sizeof *a);                                                   \
+            quad_fn(w_last, a_last, acc);                                                                              \
+        }                                                                                                              \
+        return reduce2(acc[0], acc[1]);                                                                                \
+    }
+
 /* MXFP4's E8M0 scale halved, 2^(e - 128), for four consecutive blocks, to go
  * with the doubled values (mxfp4.c explains why). Built from its bits:
  * (e - 1) << 23, or the subnormal 0x00200000 << e for e < 2. */
