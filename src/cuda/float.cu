@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     const dmat &w = a.seg[0].w;
     const int n = a.in.n, e = blockIdx.x, tid = threadIdx.x;
     const float *row = (const float *)(w.body + (int64_t)e * w.row_stride);
-    prefetch_rows((const uint8_t *)row, (int64_t)n * 4); /* in flight during the norm */
+    prefetch_row_set(1, (int64_t)n * 4, [&](int) { return (const uint8_t *)row; }); /* in flight during the norm */
     pdl_wait();
     pdl_launch_dependents();
     double ss = 0.0;

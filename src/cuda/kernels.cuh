@@ -331,13 +331,8 @@ __device__ __forceinline__ bool last_block(unsigned *counter, unsigned n_blocks,
 }
 
 /* L2 prefetch of a block's first rows, so that their DRAM round trip
- * overlaps the staging of the activation. */
-__device__ __forceinline__ void prefetch_rows(const uint8_t *first, int64_t bytes) {
-    for (int64_t off = (int64_t)threadIdx.x * 128; off < bytes; off += (int64_t)blockDim.x * 128) prefetch_l2(first + off);
-}
-
-/* The same for n rows scattered over matrices and experts: row i of
- * row_bytes starts at row_at(i). */
+ * overlaps the staging of the activation: n rows of row_bytes scattered
+ * over matrices and experts, row i at row_at(i). */
 template <class RowAt>
 __device__ __forceinline__ void prefetch_row_set(int n, int64_t row_bytes, RowAt row_at) {
     const int lines = (int)((row_bytes + 127) >> 7);

@@ -659,53 +659,6 @@ static void enqueue_chain(const lab_ctx *c, int *cells, int launches, int blocks
     }
 }
 
-enum { CHAIN_PLAIN, CHAIN_GRAPH, CHAIN_GRAPH_PDL };
-
-/* Median microseconds per launch of the chain, launched plainly (exec
- * NULL) or as the graph exec, over reps runs after a warm-up; the chain's
- * last value must be its length. */
-static moe_status run_chain(lab_ctx *c, int *cells, cudaGraphExec_t exec, int launches, int blocks, int threads,
-                            int reps, double *us) {
-    moe_error *err = c->err;
-    double per[CUDA_LAB_MAX_REPS];
-    for (int r = -1; r < reps; r++) {
-        CUDA_CHECK(cudaMemsetAsync(cells, 0, 3 * sizeof(int), c->stream));
-        CUDA_CHECK(cudaEventRecord(c->start, c->stream));
-        if (exec) CUDA_CHECK(cudaGraphLaunch(exec, c->stream));
-        else enqueue_chain(c, cells, launches, blocks, threads, false);
-        CUDA_CHECK(cudaGetLastError());
-        CUDA_CHECK(cudaEventRecord(c->stop, c->stream));
-        CUDA_CHECK(cudaEventSynchronize(c->stop));
-        float ms = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, c->start, c->stop));
-        if (r >= 0) per[r] = ms * 1e3 / launches;
-    }
-    *us = median_of(per, reps);
-    int last = -1;
-    CUDA_CHECK(cudaMemcpy(&last, cells + (launches & 1), sizeof last, cudaMemcpyDeviceToHost));
-    if (last != launches)
-        return moe_error_set(err, MOE_ERR_IO, "the chain of %d launches (%d x %d threads) ended at %d", launches, blocks,
-                             threads, last);
-    return MOE_OK;
-}
-
-static moe_status time_chain(lab_ctx *c, int *cells, int how, int launches, int blocks, int threads, int reps,
-                             double *us) {
-    moe_error *err = c->err;
-    if (how == CHAIN_PLAIN) return run_chain(c, cells, NULL, launches, blocks, threads, reps, us);
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
-    enqueue_chain(c, cells, launches, blocks, threads, how == CHAIN_GRAPH_PDL);
-    CUDA_CHECK(cudaStreamEndCapture(c->stream, &graph));
-    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
-    cudaGraphDestroy(graph);
-    CUDA_CHECK(e);
-    moe_status st = run_chain(c, cells, exec, launches, blocks, threads, reps, us);
-    cudaGraphExecDestroy(exec);
-    return st;
-}
-
 /* The same chain inside one kernel whose blocks are all resident (a
  * cooperative launch): the links are parted by grid-wide barriers instead
  * of launches, what a persistent decode step would pay per phase. The
@@ -731,14 +684,15 @@ __global__ void barrier_chain_kernel(int *cells, unsigned *arrived, int links) {
     }
 }
 
+enum { CHAIN_PLAIN, CHAIN_GRAPH, CHAIN_GRAPH_PDL, CHAIN_BARRIER };
+
+/* The barrier chain needs every block resident at once, and a GPU: the
+ * simulator runs blocks one after another (the lab does not run there). */
+static moe_status check_resident(lab_ctx *c, int blocks, int threads) {
 #ifdef MOE_CUDA_SIM
-/* The simulator runs blocks one after another: a grid barrier cannot be
- * simulated, and the lab does not run there. */
-static moe_status time_barrier_chain(lab_ctx *c, int *cells, int links, int blocks, int threads, int reps, double *us) {
+    (void)blocks, (void)threads;
     return moe_error_set(c->err, MOE_ERR_UNSUPPORTED, "grid barriers need a GPU");
-}
 #else
-static moe_status time_barrier_chain(lab_ctx *c, int *cells, int links, int blocks, int threads, int reps, double *us) {
     moe_error *err = c->err;
     int per_sm = 0, cooperative = 0, n_sm = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, 0));
@@ -746,13 +700,37 @@ static moe_status time_barrier_chain(lab_ctx *c, int *cells, int links, int bloc
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, barrier_chain_kernel, threads, 0));
     if (!cooperative || blocks > per_sm * n_sm)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED, "%d blocks of %d threads cannot all be resident", blocks, threads);
-    double per[CUDA_LAB_MAX_REPS];
+    return MOE_OK;
+#endif
+}
+
+/* One run of the whole chain, the way `how` says (exec: its graph). */
+static cudaError_t launch_chain(lab_ctx *c, int *cells, int how, cudaGraphExec_t exec, int links, int blocks,
+                                int threads) {
+    if (how == CHAIN_GRAPH || how == CHAIN_GRAPH_PDL) return cudaGraphLaunch(exec, c->stream);
+    if (how == CHAIN_PLAIN) {
+        enqueue_chain(c, cells, links, blocks, threads, false);
+        return cudaGetLastError();
+    }
+#ifdef MOE_CUDA_SIM
+    return cudaErrorInvalidValue; /* check_resident refused it */
+#else
     unsigned *arrived = (unsigned *)(cells + 3);
+    void *args[] = {&cells, &arrived, &links};
+    return cudaLaunchCooperativeKernel((const void *)barrier_chain_kernel, blocks, threads, args, 0, c->stream);
+#endif
+}
+
+/* Median microseconds per link of the chain run the way `how` says, over
+ * reps runs after a warm-up; the chain's last value must be its length. */
+static moe_status run_chain(lab_ctx *c, int *cells, int how, cudaGraphExec_t exec, int links, int blocks, int threads,
+                            int reps, double *us) {
+    moe_error *err = c->err;
+    double per[CUDA_LAB_MAX_REPS];
     for (int r = -1; r < reps; r++) {
         CUDA_CHECK(cudaMemsetAsync(cells, 0, 4 * sizeof(int), c->stream));
-        void *args[] = {&cells, &arrived, &links};
         CUDA_CHECK(cudaEventRecord(c->start, c->stream));
-        CUDA_CHECK(cudaLaunchCooperativeKernel((const void *)barrier_chain_kernel, blocks, threads, args, 0, c->stream));
+        CUDA_CHECK(launch_chain(c, cells, how, exec, links, blocks, threads));
         CUDA_CHECK(cudaEventRecord(c->stop, c->stream));
         CUDA_CHECK(cudaEventSynchronize(c->stop));
         float ms = 0;
@@ -763,11 +741,31 @@ static moe_status time_barrier_chain(lab_ctx *c, int *cells, int links, int bloc
     int last = -1;
     CUDA_CHECK(cudaMemcpy(&last, cells + (links & 1), sizeof last, cudaMemcpyDeviceToHost));
     if (last != links)
-        return moe_error_set(err, MOE_ERR_IO, "the barrier chain of %d links (%d x %d threads) ended at %d", links, blocks,
+        return moe_error_set(err, MOE_ERR_IO, "the chain of %d links (%d x %d threads) ended at %d", links, blocks,
                              threads, last);
     return MOE_OK;
 }
-#endif
+
+static moe_status time_chain(lab_ctx *c, int *cells, int how, int links, int blocks, int threads, int reps,
+                             double *us) {
+    moe_error *err = c->err;
+    if (how == CHAIN_BARRIER) {
+        moe_status st = check_resident(c, blocks, threads);
+        return st == MOE_OK ? run_chain(c, cells, how, NULL, links, blocks, threads, reps, us) : st;
+    }
+    if (how == CHAIN_PLAIN) return run_chain(c, cells, how, NULL, links, blocks, threads, reps, us);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    enqueue_chain(c, cells, links, blocks, threads, how == CHAIN_GRAPH_PDL);
+    CUDA_CHECK(cudaStreamEndCapture(c->stream, &graph));
+    cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(e);
+    moe_status st = run_chain(c, cells, how, exec, links, blocks, threads, reps, us);
+    cudaGraphExecDestroy(exec);
+    return st;
+}
 
 moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps, cuda_lab_chain *out, moe_error *err) {
     memset(out, 0, sizeof *out);
@@ -781,7 +779,7 @@ moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps
     if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_PLAIN, launches, blocks, threads, reps, &out->plain_us);
     if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_GRAPH, launches, blocks, threads, reps, &out->graph_us);
     if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_GRAPH_PDL, launches, blocks, threads, reps, &out->pdl_us);
-    if (st == MOE_OK) st = time_barrier_chain(&c, cells, launches, blocks, threads, reps, &out->barrier_us);
+    if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_BARRIER, launches, blocks, threads, reps, &out->barrier_us);
     lab_close(&c);
     return st;
 }
