@@ -381,7 +381,7 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
     const struct {
         const char *name;
         cuda_options o;
-    } variants[] = {{"(graph)", {true, false}}, {"(graph+PDL)", {true, true}}, {"(no graph)", {false, false}}};
+    } variants[] = {{"(graph+PDL)", {true, true}}, {"(graph)", {true, false}}, {"(no graph)", {false, false}}};
     int status = 0;
     for (size_t v = 0; v < sizeof variants / sizeof variants[0] && status == 0; v++) {
         cuda_state *s = NULL;

@@ -258,11 +258,26 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     const int G = a.n_heads / a.n_kv, hd = a.hd, g = blockIdx.x, split = blockIdx.y, S = a.n_splits;
     const int h = threadIdx.x >> 5, lane = threadIdx.x & 31, d0 = lane * DPL, kv_dim = a.n_kv * hd;
     const bool mine = d0 < hd;
-    pdl_wait();
-    pdl_launch_dependents();
-    const int pos = a.step[1], n_pos = pos + 1;
+    /* The position and the cached keys and values were written by earlier
+     * steps, complete before the launch before this one passed its own
+     * wait: the range's rows are pulled into L2 while that launch runs. */
+    const int pos = __ldcg(a.step + 1), n_pos = pos + 1;
     const int chunk = max(B, (n_pos + S - 1) / S), n_active = (n_pos + chunk - 1) / chunk;
     const int start = split * chunk, end = min(start + chunk, n_pos);
+    const int lines = (hd * (int)sizeof(float) + 127) / 128; /* of a head's key (or value) row */
+    for (int t = threadIdx.x; t < 2 * (end - start) * lines; t += blockDim.x) {
+        const int p = start + t / (2 * lines), c = t % (2 * lines);
+        const float *cache = c < lines ? a.k_cache : a.v_cache;
+        prefetch_l2((const uint8_t *)(cache + (int64_t)p * kv_dim + g * hd) + 128 * (c % lines));
+    }
+    if (start < end) {
+        prefetch_floats(a.rope + (int64_t)pos * a.n_rot, a.n_rot);
+        const bool full = a.qk_norm == QK_NORM_FULL; /* one weight a dim of all heads, not of one */
+        prefetch_floats(a.q_norm, full ? a.n_heads * hd : hd);
+        prefetch_floats(a.k_norm, full ? kv_dim : hd);
+    }
+    pdl_wait(); /* q, k, v of this position */
+    pdl_launch_dependents();
     if (start >= end) return; /* past the position: not counted by the merge */
 
     float q[DPL], k[DPL], v[DPL];

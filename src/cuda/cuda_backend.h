@@ -36,8 +36,9 @@ typedef struct cuda_state cuda_state;
 
 /* Launch options of a state; the defaults come from the environment:
  * MOE_CUDA_GRAPH=0 launches the step's kernels one by one instead of
- * replaying a graph, MOE_CUDA_PDL=1 turns on programmatic dependent launch
- * (off by default: `moe bench` measures it slower inside the graph). */
+ * replaying a graph, MOE_CUDA_PDL=0 turns off programmatic dependent launch
+ * (on by default: each kernel loads its first weights before it waits for
+ * the one before, which `moe bench` measures faster). */
 typedef struct cuda_options {
     bool graph;
     bool pdl;

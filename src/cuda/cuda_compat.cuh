@@ -97,6 +97,11 @@ static inline uint4 ldg16(const void *p) { return *(const uint4 *)p; }
 static inline uint2 ldg8(const void *p) { return *(const uint2 *)p; }
 static inline uint16_t ldg_u16(const void *p) { return *(const uint16_t *)p; }
 static inline void prefetch_l2(const void *p) { (void)p; }
+/* dp4a of unsigned bytes a with signed bytes b */
+static inline int dp4a_u8s8(unsigned a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += (int)(uint8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
 static inline void pdl_wait(void) {}
 static inline void pdl_launch_dependents(void) {}
 #else
@@ -116,6 +121,12 @@ __device__ __forceinline__ uint4 ldg16(const void *p) {
 __device__ __forceinline__ uint2 ldg8(const void *p) { return __ldg((const uint2 *)p); }
 __device__ __forceinline__ uint16_t ldg_u16(const void *p) { return __ldg((const unsigned short *)p); }
 __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+/* dp4a of unsigned bytes a with signed bytes b */
+__device__ __forceinline__ int dp4a_u8s8(unsigned a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
 /* Programmatic dependent launch: no-ops when the launch did not ask for it. */
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents(void) { asm volatile("griddepcontrol.launch_dependents;"); }

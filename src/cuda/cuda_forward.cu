@@ -64,12 +64,7 @@ __global__ void set_step_kernel(int *step, int token, int pos) {
 /* ---------------------------------------------------------------- launches */
 
 static int grid_for(const cuda_state *s, const cuda_format *f, int kernel, size_t smem, int rows, int lanes) {
-    const int rows_per_block = GEMV_WARPS * (32 / lanes);
-    const int need = (rows + rows_per_block - 1) / rows_per_block;
-    const int cap = f->occupancy(kernel, smem) * s->g->n_sm;
-    int grid = need < cap ? need : cap;
-    if (grid > s->max_grid) grid = s->max_grid;
-    return grid > 0 ? grid : 1;
+    return gemv_grid(s->g->n_sm, f->occupancy(kernel, smem), rows, lanes, s->max_grid);
 }
 
 typedef struct gemv_out {
@@ -487,7 +482,7 @@ static bool env_flag(const char *name, bool fallback) {
 cuda_options cuda_default_options(void) {
     cuda_options o;
     o.graph = env_flag("MOE_CUDA_GRAPH", true);
-    o.pdl = env_flag("MOE_CUDA_PDL", false); /* measured slower inside the graph (bench/results) */
+    o.pdl = env_flag("MOE_CUDA_PDL", true); /* MOE_CUDA_PDL=0: plain graph edges */
     return o;
 }
 

@@ -19,6 +19,8 @@ extern "C" {
 enum { ACT_Q8K, ACT_Q80, ACT_F32 };                 /* activation (dot) types */
 enum { EPI_NONE, EPI_ROUTER, EPI_ARGMAX };          /* gemv epilogues */
 enum { MAX_EXPERTS_USED = 32, MAX_SEGS = 3 };
+#define GEMV_THREADS 512 /* threads of a matrix-vector block (kernels.cuh) */
+#define GEMV_WARPS (GEMV_THREADS / 32)
 
 /* A weight matrix on the device (or a slab of experts of one shape). */
 struct dmat {
@@ -217,6 +219,22 @@ inline size_t gemv_smem(int kind, int n, int n_experts) {
 }
 
 /* Lanes per row: enough that each lane has about n units of the row. */
+/* Blocks of a matrix-vector launch over `rows` rows (GEMV_WARPS * 32 /
+ * lanes a block): at most one a multiprocessor for a layer's small
+ * matrices, a launch with rows for four or more such passes (the output
+ * head) as many as the occupancy allows. Measured (bench/decode-plan.md):
+ * a second block a multiprocessor, room for the next launch's blocks to
+ * start beside this one's, made the step slower with programmatic
+ * dependent launch. max_grid: 0 for no further cap. */
+inline int gemv_grid(int n_sm, int occupancy, int rows, int lanes, int max_grid) {
+    const int per_block = GEMV_WARPS * (32 / lanes);
+    const int need = (rows + per_block - 1) / per_block;
+    int grid = need >= 4 * n_sm ? occupancy * n_sm : n_sm;
+    if (grid > need) grid = need;
+    if (max_grid > 0 && grid > max_grid) grid = max_grid;
+    return grid > 0 ? grid : 1;
+}
+
 inline int pick_lanes(int units, int n) {
     int per = (units + n - 1) / n, lanes = 1;
     while (lanes < per && lanes < 32) lanes <<= 1;

@@ -64,9 +64,7 @@ static moe_status upload_slabs(test_buffers *b, int n_mats, const int *types, co
 static int test_grid(const cuda_format *f, int kernel, size_t smem, int rows, int lanes) {
     cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
-    const int per_block = GEMV_WARPS * (32 / lanes), need = (rows + per_block - 1) / per_block;
-    const int cap = f->occupancy(kernel, smem) * prop.multiProcessorCount;
-    return need < cap ? need : cap;
+    return gemv_grid(prop.multiProcessorCount, f->occupancy(kernel, smem), rows, lanes, 0);
 }
 
 moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, const float *x, float *y, moe_error *err) {

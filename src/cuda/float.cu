@@ -10,7 +10,7 @@
  */
 #include "cuda/kernels.cuh"
 
-struct fmt_f32 {
+struct fmt_f32 : smem_act<fmt_f32> {
     static constexpr int TYPE = MOE_TYPE_F32, ACT = ACT_F32, N = 4;
     static constexpr int BLOCK = 4, BODY = 16, META = 0, UNITS = 1;
     static constexpr repack_fn repack = nullptr;
@@ -35,7 +35,7 @@ struct fmt_f32 {
 
 /* F16 and BF16: 8 halves per unit, converted by `CONV` */
 template <int T, bool BF>
-struct fmt_half {
+struct fmt_half : smem_act<fmt_half<T, BF>> {
     static constexpr int TYPE = T, ACT = ACT_F32, N = 4;
     static constexpr int BLOCK = 8, BODY = 16, META = 0, UNITS = 1;
     static constexpr repack_fn repack = nullptr;
@@ -94,7 +94,16 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     const dmat &w = a.seg[0].w;
     const int n = a.in.n, e = blockIdx.x, tid = threadIdx.x;
     const float *row = (const float *)(w.body + (int64_t)e * w.row_stride);
-    prefetch_row_set(1, (int64_t)n * 4, [&](int) { return (const uint8_t *)row; }); /* in flight during the norm */
+    /* The row in registers before the wait (weights never depend on the
+     * launch before): its DRAM round trip overlaps that launch and the norm. */
+    constexpr int PER = 4; /* 16-byte loads a thread; rows longer than PER * 4 * ROUTER_THREADS loop */
+    uint4 r[PER];
+    float4 nw[PER]; /* and the norm's weights, which no launch writes */
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int i = (tid + k * ROUTER_THREADS) * 4;
+        if (i < n) r[k] = ldg16(row + i), nw[k] = *(const float4 *)(a.in.norm + i);
+    }
     pdl_wait();
     pdl_launch_dependents();
     double ss = 0.0;
@@ -104,11 +113,19 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     }
     const float scale = rms_scale(block_sum_double(ss, ss_scratch), n, a.in.eps); /* as stage_act */
     float dot = 0.0f;
-    for (int i = tid * 4; i < n; i += ROUTER_THREADS * 4) {
-        const float4 v = *(const float4 *)(a.in.src + i), g = *(const float4 *)(a.in.norm + i);
-        const uint4 r = ldg16(row + i);
-        dot += __int_as_float((int)r.x) * (v.x * scale * g.x) + __int_as_float((int)r.y) * (v.y * scale * g.y) +
-               __int_as_float((int)r.z) * (v.z * scale * g.z) + __int_as_float((int)r.w) * (v.w * scale * g.w);
+    for (int k = 0, i = tid * 4; i < n; k++, i += ROUTER_THREADS * 4) {
+        const float4 v = *(const float4 *)(a.in.src + i);
+        uint4 c;
+        float4 g;
+        if (k < PER) {
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                if (j == k) c = r[j], g = nw[j];
+        } else {
+            c = ldg16(row + i), g = *(const float4 *)(a.in.norm + i);
+        }
+        dot += __int_as_float((int)c.x) * (v.x * scale * g.x) + __int_as_float((int)c.y) * (v.y * scale * g.y) +
+               __int_as_float((int)c.z) * (v.z * scale * g.z) + __int_as_float((int)c.w) * (v.w * scale * g.w);
     }
     dot = block_sum(dot, dot_scratch);
     if (tid == 0) a.seg[0].out[e] = dot;

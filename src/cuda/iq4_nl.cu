@@ -12,7 +12,7 @@ static constexpr unsigned pack4(int a, int b, int c, int d) {
     return (unsigned)(a & 0xff) | (unsigned)(b & 0xff) << 8 | (unsigned)(c & 0xff) << 16 | (unsigned)(d & 0xff) << 24;
 }
 
-struct fmt_iq4_nl : fp16_scale_block<16> {
+struct fmt_iq4_nl : fp16_scale_block<16>, smem_act<fmt_iq4_nl> {
     static constexpr int TYPE = MOE_TYPE_IQ4_NL, ACT = ACT_Q80, N = 4;
     static constexpr int BLOCK = 32;
     static constexpr unsigned T0 = pack4(-127, -104, -83, -65), T1 = pack4(-49, -35, -22, -10);

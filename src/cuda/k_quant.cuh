@@ -8,9 +8,8 @@
  * Unit u of a block (8 a block) covers group g = (u % 8) / 2 of 64 weights,
  * half hh = u % 2: codes lo[] are weights 64g + 16hh + i (sub-block 2g),
  * hi[] weights 64g + 32 + 16hh + i (sub-block 2g + 1), four a word.
- * Against Q8_K activations:
- *     d8 * (d * (sc0 * dot_lo + sc1 * dot_hi) - dmin * (m0 * s_lo + m1 * s_hi))
- * with dot_* from 4 dp4a each and s_* the activation sums of those 16.
+ * Against Q8_K activations (k_combine), with dot_* from 4 dp4a each and
+ * s_* the activation sums of those 16.
  */
 #ifndef MOE_CUDA_K_QUANT_CUH
 #define MOE_CUDA_K_QUANT_CUH
@@ -21,10 +20,12 @@
  * branches (lanes of a warp work on different groups; a branch on g would
  * run both ways): sub-blocks 0..3 are the low 6 bits of bytes of h.y
  * (mins h.z); 4..7 take 4 bits from h.w (low nibbles scales, high mins)
- * and 2 from the top of the bytes of h.y (h.z). */
+ * and 2 from the top of the bytes of h.y (h.z). `second` is all ones for
+ * g >= 2, so the choice is a bitwise select. */
 __device__ __forceinline__ void k_group_scales(const uint4 &h, int g, int *sc0, int *m0, int *sc1, int *m1) {
-    const unsigned sc = g < 2 ? h.y & 0x3f3f3f3f : (h.w & 0x0f0f0f0f) | ((h.y >> 2) & 0x30303030);
-    const unsigned mn = g < 2 ? h.z & 0x3f3f3f3f : ((h.w >> 4) & 0x0f0f0f0f) | ((h.z >> 2) & 0x30303030);
+    const unsigned second = 0u - (unsigned)(g >> 1);
+    const unsigned sc = (((h.w & 0x0f0f0f0f) | ((h.y >> 2) & 0x30303030)) & second) | (h.y & 0x3f3f3f3f & ~second);
+    const unsigned mn = ((((h.w >> 4) & 0x0f0f0f0f) | ((h.z >> 2) & 0x30303030)) & second) | (h.z & 0x3f3f3f3f & ~second);
     const int s = 16 * (g & 1);
     *sc0 = (sc >> s) & 0xff;
     *sc1 = (sc >> (s + 8)) & 0xff;
@@ -32,24 +33,35 @@ __device__ __forceinline__ void k_group_scales(const uint4 &h, int g, int *sc0, 
     *m1 = (mn >> (s + 8)) & 0xff;
 }
 
-__device__ __forceinline__ float k_unit_dot(const uint4 &h, const unsigned lo[4], const unsigned hi[4],
-                                            const act_view &a, int act_off, int u) {
+/* A unit's Q8_K activation, in registers: a kernel loads it once and
+ * multiplies every row it visits with it (act_in_regs in kernels.cuh). */
+struct k_act {
+    int4 lo, hi; /* codes of the activations of the unit's lo and hi weights */
+    int sums;    /* the sums of those 16 and 16 codes: lo | hi << 16 */
+    float d;     /* the Q8_K block's scale */
+    int g;       /* the unit's group of 64 weights */
+};
+
+__device__ __forceinline__ k_act k_load_act(const act_view &a, int act_off, int u) {
     const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
-    int sc0, m0, sc1, m1;
-    k_group_scales(h, g, &sc0, &m0, &sc1, &m1);
     const int e = act_off + b * 256 + 64 * g + 16 * hh;
-    const int4 al4 = *(const int4 *)(a.q + e), ah4 = *(const int4 *)(a.q + e + 32);
-    const int al[4] = {al4.x, al4.y, al4.z, al4.w}, ah[4] = {ah4.x, ah4.y, ah4.z, ah4.w};
-    int dot_lo = 0, dot_hi = 0;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        dot_lo = __dp4a((int)lo[i], al[i], dot_lo);
-        dot_hi = __dp4a((int)hi[i], ah[i], dot_hi);
-    }
+    k_act x;
+    x.lo = *(const int4 *)(a.q + e);
+    x.hi = *(const int4 *)(a.q + e + 32);
+    x.sums = (a.s16[e >> 4] & 0xffff) | (int)((unsigned)a.s16[(e + 32) >> 4] << 16);
+    x.d = a.d[(act_off + b * 256) >> 8];
+    x.g = g;
+    return x;
+}
+
+/* The unit's contribution from its two integer dot products:
+ *     d8 * (d * (sc0 * dot_lo + sc1 * dot_hi) - dmin * (m0 * s_lo + m1 * s_hi)) */
+__device__ __forceinline__ float k_combine(const uint4 &h, int dot_lo, int dot_hi, const k_act &x) {
+    int sc0, m0, sc1, m1;
+    k_group_scales(h, x.g, &sc0, &m0, &sc1, &m1);
     const int sum_q = sc0 * dot_lo + sc1 * dot_hi;
-    const int sum_m = m0 * a.s16[e >> 4] + m1 * a.s16[(e + 32) >> 4];
-    const float ad = a.d[(act_off + b * 256) >> 8];
-    const float d = h2f((uint16_t)(h.x & 0xffff)) * ad, dmin = h2f((uint16_t)(h.x >> 16)) * ad;
+    const int sum_m = m0 * (int)(int16_t)(x.sums & 0xffff) + m1 * (x.sums >> 16);
+    const float d = h2f((uint16_t)(h.x & 0xffff)) * x.d, dmin = h2f((uint16_t)(h.x >> 16)) * x.d;
     return d * (float)sum_q - dmin * (float)sum_m;
 }
 

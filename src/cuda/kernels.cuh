@@ -19,8 +19,19 @@
  * launch from the row length) share a row: lane `sub` takes units sub,
  * sub + L, ..., N of them per batch, all N loads issued before the first
  * is used, then the L partial sums are reduced with shuffles. A warp thus
- * works on 32 / L rows at once; grids are sized to the occupancy and loop
- * over rows (persistent), so the activation is staged once per block.
+ * works on 32 / L rows at once; grids are sized by gemv_grid and loop over
+ * rows (persistent), so the activation is staged once per block.
+ *
+ * Latency, not bytes, bounds these launches (a layer's matrices are 1-18
+ * MB, a few microseconds of DRAM time each). So a kernel loads the first
+ * batch of its first row before it waits for the launch before it
+ * (programmatic dependent launch; weights never depend on that launch)
+ * and before it stages the activation: the DRAM round trip overlaps the
+ * previous launch's tail, the wait and the staging. When every row of a
+ * launch takes one batch, a lane meets the same units in every row, so it
+ * loads their activation from shared memory once, into registers (act,
+ * load_act, dot_act: the K-quants keep codes, sums and scale there); the
+ * extra registers leave one 512-thread block a multiprocessor.
  *
  * Activations: every block reads the f32 input (the residual stream, or
  * the FFN hidden state), applies the RMSNorm when asked, and quantizes it
@@ -53,9 +64,6 @@
 
 #include "cuda/cuda_compat.cuh"
 #include "cuda/cuda_internal.h"
-
-#define GEMV_THREADS 512
-#define GEMV_WARPS (GEMV_THREADS / 32)
 
 /* ---------------------------------------------------------------- activations */
 
@@ -236,48 +244,121 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
     __syncthreads();
 }
 
+/* ---------------------------------------------------------------- activations in registers */
+
+/* What a unit multiplies with. A kernel whose rows take one batch each
+ * visits every row with the same units, so it loads their activation once
+ * (load_act) and multiplies each row's weights with it (dot_act): for the
+ * K-quants that removes the activation's shared-memory loads and address
+ * arithmetic from every row (about half of a unit's instructions). This is
+ * the default for formats that keep reading shared memory: `act` is only
+ * where the unit's activation is. */
+template <class F>
+struct smem_act {
+    struct act {
+        int off, u;
+    };
+    static __device__ __forceinline__ act load_act(const act_view &, int off, int u) { return act{off, u}; }
+    template <class R>
+    static __device__ __forceinline__ float dot_act(const R &r, const act_view &a, const act &x) {
+        return F::dot(r, a, x.off, x.u);
+    }
+};
+
+template <class F, int NB = F::N>
+struct act_batch {
+    typename F::act x[NB];
+};
+
+template <class F, int NB = F::N>
+__device__ __forceinline__ void load_acts(act_batch<F, NB> &b, const act_view &a, int act_off, int U, int u0, int L) {
+#pragma unroll
+    for (int k = 0; k < NB; k++)
+        if (u0 + k * L < U) b.x[k] = F::load_act(a, act_off, u0 + k * L);
+}
+
 /* ---------------------------------------------------------------- row dot products */
 
+/* The N units a lane loads together: units u0, u0 + L, ..., of one row.
+ * A kernel loads its first batch before it waits for the kernel before it
+ * (weights never depend on it) and before it stages the activation, so the
+ * first DRAM round trip overlaps both; later batches load as they go. */
+template <class F>
+struct unit_batch {
+    typename F::raw r[F::N];
+};
+
+template <class F, int NB = F::N>
+__device__ __forceinline__ void load_batch(unit_batch<F> &b, const uint8_t *body, const uint8_t *meta, int U, int u0,
+                                           int L) {
+#pragma unroll
+    for (int k = 0; k < NB; k++)
+        if (u0 + k * L < U) b.r[k] = F::load(body, meta, u0 + k * L);
+}
+
+template <class F, int NB = F::N>
+__device__ __forceinline__ float dot_batch(const unit_batch<F> &b, int U, int u0, int L, const act_view &a,
+                                           int act_off) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NB; k++)
+        if (u0 + k * L < U) acc += F::dot(b.r[k], a, act_off, u0 + k * L);
+    return acc;
+}
+
+template <class F, int NB = F::N>
+__device__ __forceinline__ float dot_batch_act(const unit_batch<F> &b, const act_batch<F, NB> &x, int U, int u0, int L,
+                                               const act_view &a) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NB; k++)
+        if (u0 + k * L < U) acc += F::dot_act(b.r[k], a, x.x[k]);
+    return acc;
+}
+
 /* Partial dot product of one row (this lane's units) with the staged
- * activation at element offset act_off. */
+ * activation at element offset act_off; `first`, when given, is the row's
+ * first batch, already loaded. */
 template <class F>
 __device__ __forceinline__ float dot_units(const uint8_t *body, const uint8_t *meta, int U, const act_view &a,
-                                           int act_off, int L, int sub) {
+                                           int act_off, int L, int sub, const unit_batch<F> *first = NULL) {
     float acc = 0.0f;
         for (int u0 = sub; u0 < U; u0 += L * F::N) {
-        typename F::raw r[F::N];
-#pragma unroll
-        for (int k = 0; k < F::N; k++)
-            if (u0 + k * L < U) r[k] = F::load(body, meta, u0 + k * L);
-#pragma unroll
-        for (int k = 0; k < F::N; k++)
-            if (u0 + k * L < U) acc += F::dot(r[k], a, act_off, u0 + k * L);
+        unit_batch<F> b;
+        if (first && u0 == sub) b = *first;
+        else load_batch<F>(b, body, meta, U, u0, L);
+        acc += dot_batch<F>(b, U, u0, L, a, act_off);
     }
     return acc;
 }
 
 /* Two rows at once (gate and up of one FFN row), each against the same
- * activation: 2 * NP loads in flight. */
+ * activation: 2 * NP loads in flight; `first`: both rows' first batches. */
+template <class F>
+struct pair_batch {
+    static constexpr int NP = F::N > 1 ? F::N / 2 : 1;
+    unit_batch<F> a, b;
+};
+
+template <class F>
+__device__ __forceinline__ void load_pair(pair_batch<F> &p, const uint8_t *body_a, const uint8_t *meta_a,
+                                          const uint8_t *body_b, const uint8_t *meta_b, int U, int u0, int L) {
+    load_batch<F, pair_batch<F>::NP>(p.a, body_a, meta_a, U, u0, L);
+    load_batch<F, pair_batch<F>::NP>(p.b, body_b, meta_b, U, u0, L);
+}
+
 template <class F>
 __device__ __forceinline__ void dot_units_pair(const uint8_t *body_a, const uint8_t *meta_a, const uint8_t *body_b,
                                                const uint8_t *meta_b, int U, const act_view &act, int L, int sub,
-                                               float *out_a, float *out_b) {
-    constexpr int NP = F::N > 1 ? F::N / 2 : 1;
+                                               float *out_a, float *out_b, const pair_batch<F> *first = NULL) {
+    constexpr int NP = pair_batch<F>::NP;
     float acc_a = 0.0f, acc_b = 0.0f;
         for (int u0 = sub; u0 < U; u0 += L * NP) {
-        typename F::raw ra[NP], rb[NP];
-#pragma unroll
-        for (int k = 0; k < NP; k++)
-            if (u0 + k * L < U) {
-                ra[k] = F::load(body_a, meta_a, u0 + k * L);
-                rb[k] = F::load(body_b, meta_b, u0 + k * L);
-            }
-#pragma unroll
-        for (int k = 0; k < NP; k++)
-            if (u0 + k * L < U) {
-                acc_a += F::dot(ra[k], act, 0, u0 + k * L);
-                acc_b += F::dot(rb[k], act, 0, u0 + k * L);
-            }
+        pair_batch<F> p;
+        if (first && u0 == sub) p = *first;
+        else load_pair<F>(p, body_a, meta_a, body_b, meta_b, U, u0, L);
+        acc_a += dot_batch<F, NP>(p.a, U, u0, L, act, 0);
+        acc_b += dot_batch<F, NP>(p.b, U, u0, L, act, 0);
     }
     *out_a = acc_a;
     *out_b = acc_b;
@@ -286,28 +367,36 @@ __device__ __forceinline__ void dot_units_pair(const uint8_t *body_a, const uint
 /* Row `row` of T experts of a slab, flattened into one stream of T * U
  * units: unit t belongs to term j = t / U (expert ids[j], weight w[j],
  * activation at j * act_stride). */
+template <class F, class IdOf>
+__device__ __forceinline__ void load_terms(unit_batch<F> &b, const dmat &m, int row, int T, IdOf id_of, int t0, int L) {
+    const int U = m.units, total = T * U;
+#pragma unroll
+    for (int k = 0; k < F::N; k++) {
+        const int t = t0 + k * L;
+        if (t < total) {
+            const int j = t / U, e = id_of(j);
+            b.r[k] = F::load(m.body + e * m.expert_stride + (int64_t)row * m.row_stride,
+                             m.meta + e * m.meta_expert_stride + (int64_t)row * m.meta_row_stride, t - j * U);
+        }
+    }
+}
+
 template <class F>
 __device__ __forceinline__ float dot_terms(const dmat &m, int row, int T, const int *ids, const float *w,
-                                           int act_stride, const act_view &a, int L, int sub) {
+                                           int act_stride, const act_view &a, int L, int sub,
+                                           const unit_batch<F> *first = NULL) {
     const int U = m.units, total = T * U;
     float acc = 0.0f;
         for (int t0 = sub; t0 < total; t0 += L * F::N) {
-        typename F::raw r[F::N];
-#pragma unroll
-        for (int k = 0; k < F::N; k++) {
-            int t = t0 + k * L;
-            if (t < total) {
-                int j = t / U, e = ids ? ids[j] : 0;
-                r[k] = F::load(m.body + e * m.expert_stride + (int64_t)row * m.row_stride,
-                               m.meta + e * m.meta_expert_stride + (int64_t)row * m.meta_row_stride, t - j * U);
-            }
-        }
+        unit_batch<F> b;
+        if (first && t0 == sub) b = *first;
+        else load_terms<F>(b, m, row, T, [&](int j) { return ids ? ids[j] : 0; }, t0, L);
 #pragma unroll
         for (int k = 0; k < F::N; k++) {
             int t = t0 + k * L;
             if (t < total) {
                 int j = t / U;
-                acc += w[j] * F::dot(r[k], a, j * act_stride, t - j * U);
+                acc += w[j] * F::dot(b.r[k], a, j * act_stride, t - j * U);
             }
         }
     }
@@ -330,16 +419,13 @@ __device__ __forceinline__ bool last_block(unsigned *counter, unsigned n_blocks,
     return last;
 }
 
-/* L2 prefetch of a block's first rows, so that their DRAM round trip
- * overlaps the staging of the activation: n rows of row_bytes scattered
- * over matrices and experts, row i at row_at(i). */
-template <class RowAt>
-__device__ __forceinline__ void prefetch_row_set(int n, int64_t row_bytes, RowAt row_at) {
-    const int lines = (int)((row_bytes + 127) >> 7);
-    for (int t = threadIdx.x; t < n * lines; t += blockDim.x) {
-        const int i = t / lines;
-        prefetch_l2(row_at(i) + (int64_t)(t - i * lines) * 128);
-    }
+/* L2 prefetch of n floats that a kernel reads only after its wait but that
+ * no launch writes (norm weights, a RoPE row), issued before the wait: the
+ * weights streaming through L2 evict such small constants between layers,
+ * and their DRAM round trip would otherwise follow the wait. */
+__device__ __forceinline__ void prefetch_floats(const float *p, int n) {
+    if (!p) return;
+    for (int i = threadIdx.x * 32; i < n; i += blockDim.x * 32) prefetch_l2(p + i);
 }
 
 /* ---------------------------------------------------------------- gemv */
@@ -417,39 +503,66 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     const int L = a.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane & (L - 1), grp = lane / L;
     const int total = a.seg_end[a.n_seg - 1];
-    const int first = blockIdx.x * GEMV_WARPS * G;
-    prefetch_row_set(max(0, min(GEMV_WARPS * G, total - first)), a.seg[0].w.row_stride, [&](int i) {
+    const int start = (blockIdx.x * GEMV_WARPS + warp) * G, stride = gridDim.x * GEMV_WARPS * G;
+    /* row -> its segment and the row's weights */
+    auto locate = [&](int row, int *seg, int *r) {
         int s = 0;
-        while (s + 1 < a.n_seg && first + i >= a.seg_end[s]) s++;
+        while (s + 1 < a.n_seg && row >= a.seg_end[s]) s++;
+        *seg = s;
+        *r = row - (s ? a.seg_end[s - 1] : 0);
+    };
+    unit_batch<F> first;
+    if (start + grp < total) {
+        int s, r;
+        locate(start + grp, &s, &r);
         const dmat &w = a.seg[s].w;
-        return w.body + (int64_t)(first + i - (s ? a.seg_end[s - 1] : 0)) * w.row_stride;
-    });
+        load_batch<F>(first, w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, w.units, sub, L);
+    }
+    prefetch_floats(a.in.norm, a.in.n);
     pdl_wait();
     pdl_launch_dependents();
     stage_act(F::ACT, a.in, smem, NULL, NULL);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     float best = -INFINITY;
     int best_row = 0x7fffffff;
-        for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
-        const int row = base + grp;
-        const bool valid = row < total;
-        int s = 0;
-        while (s + 1 < a.n_seg && row >= a.seg_end[s]) s++;
-        const int r = row - (s ? a.seg_end[s - 1] : 0);
-        float acc = 0.0f;
-        if (valid) {
-            const dmat &w = a.seg[s].w;
-            acc = dot_units<F>(w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, w.units,
-                               av, 0, L, sub);
-        }
-        acc = group_sum(acc, L);
-        if (valid && sub == 0) {
-            const gemv_seg &sg = a.seg[s];
-            if (sg.bias) acc += sg.bias[r];
-            if (sg.accumulate) acc += sg.out[r];
-            sg.out[r] = acc;
-            if (acc > best || (acc == best && r < best_row)) best = acc, best_row = r;
-        }
+    /* row by row with `dot_row(w, r, pre)`, the first row from `first` */
+    auto run = [&](auto dot_row) {
+        auto do_row = [&](int base, const unit_batch<F> *pre) {
+            const int row = base + grp;
+            const bool valid = row < total;
+            int s = 0, r = 0;
+            float acc = 0.0f;
+            if (valid) {
+                locate(row, &s, &r);
+                acc = dot_row(a.seg[s].w, r, pre);
+            }
+            acc = group_sum(acc, L);
+            if (valid && sub == 0) {
+                const gemv_seg &sg = a.seg[s];
+                if (sg.bias) acc += sg.bias[r];
+                if (sg.accumulate) acc += sg.out[r];
+                sg.out[r] = acc;
+                if (acc > best || (acc == best && r < best_row)) best = acc, best_row = r;
+            }
+        };
+        if (start < total) do_row(start, &first); /* peeled: `first` dies here */
+        for (int base = start + stride; base < total; base += stride) do_row(base, NULL);
+    };
+    const int U = a.seg[0].w.units; /* every segment multiplies the same input */
+    if (U <= L * F::N) { /* one batch a row: the same units in every row */
+        act_batch<F> x;
+        load_acts<F>(x, av, 0, U, sub, L);
+        run([&](const dmat &w, int r, const unit_batch<F> *pre) {
+            unit_batch<F> b;
+            if (pre) b = *pre;
+            else load_batch<F>(b, w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, U, sub, L);
+            return dot_batch_act<F>(b, x, U, sub, L, av);
+        });
+    } else {
+        run([&](const dmat &w, int r, const unit_batch<F> *pre) {
+            return dot_units<F>(w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, U, av, 0,
+                                L, sub, pre);
+        });
     }
     if (EPI == EPI_NONE) return;
     int *flag = (int *)smem;
@@ -498,49 +611,70 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     const int sub = lane & (L - 1), grp = lane / L;
     const int R = a.gate.rows, routed_rows = a.n_routed * R;
     const int total = routed_rows + (a.has_shared ? a.sh_gate.rows : 0);
-    pdl_wait();
+    const int start = (blockIdx.x * GEMV_WARPS + warp) * G, stride = gridDim.x * GEMV_WARPS * G;
+    /* row -> the gate and up rows it multiplies and where h goes */
+    struct pair_rows {
+        const uint8_t *gb, *gm, *ub, *um;
+        int out;
+    };
+    auto locate = [&](int row) {
+        const bool routed = row < routed_rows;
+        const int j = routed ? row / R : 0, r = routed ? row - j * R : row - routed_rows;
+        const int e = routed && a.ids ? __ldcg(a.ids + j) : 0;
+        const dmat &mg = routed ? a.gate : a.sh_gate, &mu = routed ? a.up : a.sh_up;
+        pair_rows p;
+        p.gb = mg.body + e * mg.expert_stride + (int64_t)r * mg.row_stride;
+        p.gm = mg.meta + e * mg.meta_expert_stride + (int64_t)r * mg.meta_row_stride;
+        p.ub = mu.body + e * mu.expert_stride + (int64_t)r * mu.row_stride;
+        p.um = mu.meta + e * mu.meta_expert_stride + (int64_t)r * mu.meta_row_stride;
+        p.out = routed ? row : a.h_shared_off + r;
+        return p;
+    };
+    const int U = a.n_routed ? a.gate.units : a.sh_gate.units;
+    prefetch_floats(a.in.norm, a.in.n);
+    prefetch_floats(a.shgate_w, a.in.n);
+    pdl_wait(); /* the router's ids */
     pdl_launch_dependents();
-    /* the block's first gate and up rows (the ids are known now) */
-    const int first = blockIdx.x * GEMV_WARPS * G;
-    prefetch_row_set(2 * max(0, min(GEMV_WARPS * G, total - first)), (a.n_routed ? a.gate : a.sh_gate).row_stride,
-                     [&](int i) {
-                         const int row = first + i / 2;
-                         const bool routed = row < routed_rows;
-                         const int j = routed ? row / R : 0, r = routed ? row - j * R : row - routed_rows;
-                         const dmat &m = routed ? (i & 1 ? a.up : a.gate) : (i & 1 ? a.sh_up : a.sh_gate);
-                         const int e = routed && a.ids ? a.ids[j] : 0;
-                         return m.body + e * m.expert_stride + (int64_t)r * m.row_stride;
-                     });
+    pair_batch<F> first;
+    if (start + grp < total) {
+        const pair_rows p = locate(start + grp);
+        load_pair<F>(first, p.gb, p.gm, p.ub, p.um, U, sub, L);
+    }
     stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
-        for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
-        const int row = base + grp;
-        const bool valid = row < total;
-        float g = 0.0f, u = 0.0f;
-        int out = 0;
-        if (valid) {
-            const dmat *mg, *mu;
-            int r, e = 0;
-            if (row < routed_rows) {
-                int j = row / R;
-                r = row - j * R;
-                e = a.ids ? a.ids[j] : 0;
-                mg = &a.gate, mu = &a.up;
-                out = row;
-            } else {
-                r = row - routed_rows;
-                mg = &a.sh_gate, mu = &a.sh_up;
-                out = a.h_shared_off + r;
+    auto run = [&](auto dot_pair) {
+        auto do_row = [&](int base, const pair_batch<F> *pre) {
+            const int row = base + grp;
+            const bool valid = row < total;
+            float g = 0.0f, u = 0.0f;
+            int out = 0;
+            if (valid) {
+                const pair_rows p = locate(row);
+                out = p.out;
+                dot_pair(p, pre, &g, &u);
             }
-            dot_units_pair<F>(mg->body + e * mg->expert_stride + (int64_t)r * mg->row_stride,
-                              mg->meta + e * mg->meta_expert_stride + (int64_t)r * mg->meta_row_stride,
-                              mu->body + e * mu->expert_stride + (int64_t)r * mu->row_stride,
-                              mu->meta + e * mu->meta_expert_stride + (int64_t)r * mu->meta_row_stride, mg->units, av,
-                              L, sub, &g, &u);
-        }
-        g = group_sum(g, L);
-        u = group_sum(u, L);
-        if (valid && sub == 0) a.h[out] = g / (1.0f + expf(-g)) * u; /* cpu_swiglu */
+            g = group_sum(g, L);
+            u = group_sum(u, L);
+            if (valid && sub == 0) a.h[out] = g / (1.0f + expf(-g)) * u; /* cpu_swiglu */
+        };
+        if (start < total) do_row(start, &first);
+        for (int base = start + stride; base < total; base += stride) do_row(base, NULL);
+    };
+    constexpr int NP = pair_batch<F>::NP;
+    if (U <= L * NP) { /* one batch a row: the activation in registers */
+        act_batch<F, NP> x;
+        load_acts<F, NP>(x, av, 0, U, sub, L);
+        run([&](const pair_rows &p, const pair_batch<F> *pre, float *g, float *u) {
+            pair_batch<F> b;
+            if (pre) b = *pre;
+            else load_pair<F>(b, p.gb, p.gm, p.ub, p.um, U, sub, L);
+            *g = dot_batch_act<F, NP>(b.a, x, U, sub, L, av);
+            *u = dot_batch_act<F, NP>(b.b, x, U, sub, L, av);
+        });
+    } else {
+        run([&](const pair_rows &p, const pair_batch<F> *pre, float *g, float *u) {
+            dot_units_pair<F>(p.gb, p.gm, p.ub, p.um, U, av, L, sub, g, u, pre);
+        });
     }
 }
 
@@ -553,6 +687,22 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     const int L = a.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane & (L - 1), grp = lane / L;
     const int total = a.n_routed ? a.down.rows : a.sh_down.rows;
+    const int start = (blockIdx.x * GEMV_WARPS + warp) * G, stride = gridDim.x * GEMV_WARPS * G;
+    /* The ids were written by the router two launches back, which finished
+     * before the launch before this one passed its own wait: they may be
+     * read before this launch's wait, and so may the first rows. */
+    unit_batch<F> first;
+    if (start + grp < total) {
+        if (a.n_routed)
+            load_terms<F>(first, a.down, start + grp, a.n_routed,
+                          [&](int j) { return a.ids ? __ldcg(a.ids + j) : 0; }, sub, L);
+        else {
+            const dmat &m = a.sh_down;
+            const int row = start + grp;
+            load_batch<F>(first, m.body + (int64_t)row * m.row_stride, m.meta + (int64_t)row * m.meta_row_stride,
+                          m.units, sub, L);
+        }
+    }
     pdl_wait();
     pdl_launch_dependents();
     if (threadIdx.x < a.n_routed) {
@@ -560,32 +710,26 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         weights[threadIdx.x] = a.route_w ? a.route_w[threadIdx.x] : 1.0f;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
-    /* the block's first rows of each routed expert and of the shared one */
-    const int first = blockIdx.x * GEMV_WARPS * G, n_first = max(0, min(GEMV_WARPS * G, total - first));
-    if (a.n_routed)
-        prefetch_row_set(n_first * a.n_routed, a.down.row_stride, [&](int i) {
-            const int j = i % a.n_routed, e = a.ids ? a.ids[j] : 0;
-            return a.down.body + e * a.down.expert_stride + (int64_t)(first + i / a.n_routed) * a.down.row_stride;
-        });
-    if (a.has_shared)
-        prefetch_row_set(n_first, a.sh_down.row_stride,
-                         [&](int i) { return a.sh_down.body + (int64_t)(first + i) * a.sh_down.row_stride; });
     stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
-        for (int base = (blockIdx.x * GEMV_WARPS + warp) * G; base < total; base += gridDim.x * GEMV_WARPS * G) {
+    auto do_row = [&](int base, const unit_batch<F> *pre) {
         const int row = base + grp;
         const bool valid = row < total;
         float acc = 0.0f;
         if (valid && a.n_routed)
-            acc = dot_terms<F>(a.down, row, a.n_routed, ids, weights, a.routed_act_stride, av, L, sub);
+            acc = dot_terms<F>(a.down, row, a.n_routed, ids, weights, a.routed_act_stride, av, L, sub, pre);
         if (valid && a.has_shared) {
             const dmat &m = a.sh_down;
-            acc += sh_weight * dot_units<F>(m.body + (int64_t)row * m.row_stride, m.meta + (int64_t)row * m.meta_row_stride,
-                                            m.units, av, a.shared_act_off, L, sub);
+            const uint8_t *body = m.body + (int64_t)row * m.row_stride, *meta = m.meta + (int64_t)row * m.meta_row_stride;
+            /* `first` holds the shared expert's row only when no routed one came first */
+            acc += sh_weight * (a.n_routed || !pre ? dot_units<F>(body, meta, m.units, av, a.shared_act_off, L, sub)
+                                                   : dot_units<F>(body, meta, m.units, av, a.shared_act_off, L, sub, pre));
         }
         acc = group_sum(acc, L);
         if (valid && sub == 0) a.x[row] += acc;
-    }
+    };
+    if (start < total) do_row(start, &first);
+    for (int base = start + stride; base < total; base += stride) do_row(base, NULL);
 }
 
 /* ---------------------------------------------------------------- embedding */

@@ -348,14 +348,9 @@ static double dmat_bytes(const dmat &m) { return (double)m.rows * (double)(m.row
 
 /* ---------------------------------------------------------------- timing */
 
-/* The production launch's grid, as cuda_forward.cu sizes it: enough blocks
- * for the rows, at most what the kernel's occupancy fits on the GPU. */
+/* The production launch's grid, as cuda_forward.cu sizes it (gemv_grid). */
 static int grid_for(const lab_ctx *c, const cuda_format *f, int kernel, size_t smem, int rows, int lanes) {
-    const int per_block = GEMV_WARPS * (32 / lanes), need = (rows + per_block - 1) / per_block;
-    int grid = f->occupancy(kernel, smem) * c->n_sm;
-    if (grid > need) grid = need;
-    if (grid > c->n_sm * 32) grid = c->n_sm * 32;
-    return grid > 0 ? grid : 1;
+    return gemv_grid(c->n_sm, f->occupancy(kernel, smem), rows, lanes, c->n_sm * 32);
 }
 
 static int cmp_double(const void *a, const void *b) {

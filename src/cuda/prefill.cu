@@ -630,10 +630,7 @@ static moe_status head(cuda_state *s, int T, int n_out, float *out, moe_error *e
     a.lanes = pick_lanes(w->units, f->n);
     a.epilogue = EPI_NONE;
     const size_t smem = gemv_smem(f->act, c->n_embd, 0);
-    const int per_block = GEMV_WARPS * (32 / a.lanes), need = (w->rows + per_block - 1) / per_block;
-    int grid = f->occupancy(0, smem) * s->g->n_sm;
-    grid = need < grid ? need : grid;
-    grid = grid < s->max_grid ? grid : s->max_grid;
+    const int grid = gemv_grid(s->g->n_sm, f->occupancy(0, smem), w->rows, a.lanes, s->max_grid);
     for (int i = 0; i < n_out; i++) {
         a.in = act_in{s->prefill->x + (size_t)(T - n_out + i) * c->n_embd, s->g->output_norm, c->rms_eps, c->n_embd};
         f->gemv(&a, grid, smem, s->stream, false);

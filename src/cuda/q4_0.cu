@@ -8,7 +8,7 @@
  */
 #include "cuda/fp16_scale.cuh"
 
-struct fmt_q4_0 : fp16_scale_block<16> {
+struct fmt_q4_0 : fp16_scale_block<16>, smem_act<fmt_q4_0> {
     static constexpr int TYPE = MOE_TYPE_Q4_0, ACT = ACT_Q80, N = 4;
     static constexpr int BLOCK = 32;
     static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {

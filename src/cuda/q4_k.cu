@@ -9,7 +9,9 @@
  * the low nibbles are the unit's lo codes, the high ones its hi codes (see
  * k_quant.cuh for the unit's weights and its dot product). The 8 lanes of
  * a block load its header from one address. 2 loads per unit, 4 units per
- * lane in flight (N = 4).
+ * lane in flight (N = 4). The unit's activation can live in registers
+ * (act, k_act): kernels that visit many rows with the same units load it
+ * once.
  */
 #include "cuda/kernels.cuh"
 #include "cuda/k_quant.cuh"
@@ -28,16 +30,32 @@ struct fmt_q4_k {
         r.h = ldg16(blk);
         return r;
     }
+    /* Against activations in registers: the low nibbles as they are, the
+     * high ones masked in place (16 times the code, an unsigned byte) and
+     * the sum divided by 16, exactly: no shift per word. */
+    typedef k_act act;
+    static __device__ __forceinline__ act load_act(const act_view &a, int act_off, int u) {
+        return k_load_act(a, act_off, u);
+    }
+    static __device__ __forceinline__ float dot_act(const raw &r, const act_view &, const act &x) {
+        const unsigned w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+        const int al[4] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w}, ah[4] = {x.hi.x, x.hi.y, x.hi.z, x.hi.w};
+        int dot_lo = 0, dot_hi16 = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            dot_lo = __dp4a((int)(w[i] & 0x0f0f0f0f), al[i], dot_lo);
+            dot_hi16 = dp4a_u8s8(w[i] & 0xf0f0f0f0, ah[i], dot_hi16);
+        }
+        return k_combine(r.h, dot_lo, dot_hi16 >> 4, x);
+    }
+    static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
+        return dot_act(r, a, load_act(a, act_off, u));
+    }
     /* codes of the unit's 16 low-nibble and 16 high-nibble weights, 4 per word */
     static __device__ __forceinline__ void codes(const raw &r, unsigned lo[4], unsigned hi[4]) {
         const unsigned w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) lo[i] = w[i] & 0x0f0f0f0f, hi[i] = (w[i] >> 4) & 0x0f0f0f0f;
-    }
-    static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
-        unsigned lo[4], hi[4];
-        codes(r, lo, hi);
-        return k_unit_dot(r.h, lo, hi, a, act_off, u);
     }
     static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         unsigned lo[4], hi[4];

@@ -11,7 +11,7 @@
  */
 #include "cuda/kernels.cuh"
 
-struct fmt_q5_0 {
+struct fmt_q5_0 : smem_act<fmt_q5_0> {
     static constexpr int TYPE = MOE_TYPE_Q5_0, ACT = ACT_Q80, N = 4;
     static constexpr int BLOCK = 32, BODY = 16, META = 8, UNITS = 1;
     static void repack(const uint8_t *src, uint8_t *body, uint8_t *meta, int nb) {

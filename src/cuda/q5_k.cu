@@ -36,10 +36,24 @@ struct fmt_q5_k {
             hi[i] = ((w[i] >> 4) & 0x0f0f0f0f) | (((qh[i] >> (2 * g + 1)) & 0x01010101) << 4);
         }
     }
-    static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
+    typedef k_act act;
+    static __device__ __forceinline__ act load_act(const act_view &a, int act_off, int u) {
+        return k_load_act(a, act_off, u);
+    }
+    static __device__ __forceinline__ float dot_act(const raw &r, const act_view &, const act &x) {
         unsigned lo[4], hi[4];
-        codes(r, (u & 7) >> 1, lo, hi);
-        return k_unit_dot(r.h, lo, hi, a, act_off, u);
+        codes(r, x.g, lo, hi);
+        const int al[4] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w}, ah[4] = {x.hi.x, x.hi.y, x.hi.z, x.hi.w};
+        int dot_lo = 0, dot_hi = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            dot_lo = __dp4a((int)lo[i], al[i], dot_lo);
+            dot_hi = __dp4a((int)hi[i], ah[i], dot_hi);
+        }
+        return k_combine(r.h, dot_lo, dot_hi, x);
+    }
+    static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
+        return dot_act(r, a, load_act(a, act_off, u));
     }
     static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         unsigned lo[4], hi[4];

@@ -18,7 +18,7 @@
  */
 #include "cuda/kernels.cuh"
 
-struct fmt_q6_k {
+struct fmt_q6_k : smem_act<fmt_q6_k> {
     static constexpr int TYPE = MOE_TYPE_Q6_K, ACT = ACT_Q8K, N = 2;
     static constexpr int BLOCK = 256, BODY = 208, META = 2, UNITS = 4;
     static void repack(const uint8_t *src, uint8_t *body, uint8_t *meta, int nb) {

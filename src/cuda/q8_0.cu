@@ -10,7 +10,7 @@
  */
 #include "cuda/fp16_scale.cuh"
 
-struct fmt_q8_0 : fp16_scale_block<32> {
+struct fmt_q8_0 : fp16_scale_block<32>, smem_act<fmt_q8_0> {
     static constexpr int TYPE = MOE_TYPE_Q8_0, ACT = ACT_Q80, N = 4;
     static constexpr int BLOCK = 32;
     static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
