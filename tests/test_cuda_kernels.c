@@ -127,8 +127,11 @@ static void test_gemv_every_type(void) {
         int block = (int)quant_format_of(type)->block_size;
         int unit = block >= 256 ? 256 : 32;
         /* row lengths of 1, 3 and 8 blocks of 256 (or 32), 2048 and 768 (the
-         * 30B-A3B shapes); row counts odd, tiny and large */
-        const int shapes[][2] = {{1, unit}, {37, 3 * unit}, {200, 8 * unit}, {515, 2048}, {64, 768}, {2053, 512}};
+         * 30B-A3B shapes), and 8192 (more than one batch of units a row for
+         * every type: the activation read per batch, not kept in registers);
+         * row counts odd, tiny and large */
+        const int shapes[][2] = {{1, unit}, {37, 3 * unit}, {200, 8 * unit}, {515, 2048}, {64, 768}, {2053, 512},
+                                 {41, 8192}};
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             if (shapes[s][1] % unit == 0) check_gemv(type, shapes[s][0], shapes[s][1]);
         printf("  gemv %-7s worst |gpu - cpu| / sum|wx| = %.3g\n", quant_format_of(type)->name, worst[type]);
