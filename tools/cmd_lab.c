@@ -343,12 +343,12 @@ static void print_markdown(const lab_report *r) {
     print_table_md(r, r->experts, r->n_experts, "kernel", "kernel");
     printf("\n### A chain of %d dependent launches (each reads what the one before wrote)\n\n", CHAIN_LAUNCHES);
     printf("| kernel | blocks x threads | plain stream us/launch | one graph us/launch | graph + PDL us/launch | one "
-           "kernel, grid barriers us/link |\n");
-    printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
+           "kernel, grid barriers us/link | the same, release/acquire barriers us/link |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < N_CHAINS; i++) {
         const chain_row *c = &r->chains[i];
-        printf("| %s | %d x %d | %.2f | %.2f | %.2f | %.2f |\n", c->what, c->blocks, c->threads, c->c.plain_us,
-               c->c.graph_us, c->c.pdl_us, c->c.barrier_us);
+        printf("| %s | %d x %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", c->what, c->blocks, c->threads, c->c.plain_us,
+               c->c.graph_us, c->c.pdl_us, c->c.barrier_us, c->c.acq_rel_barrier_us);
     }
     printf("\nTimes: median of %d replays after a warm-up replay of a CUDA graph of max(copies, 8) launches, "
            "between two CUDA events, divided by its launches, so a launch's time includes the graph's gap before the "
@@ -358,8 +358,9 @@ static void print_markdown(const lab_report *r) {
            "block's meta) of the same rows, only XOR-folded. check: worst |gpu - cpu| / sum |w x| over the rows "
            "(ffn_up: of h, the sums of gate and up carried through SwiGLU; ffn_down: of the residual's increment, on "
            "the GPU's own h); over %.0e the variant fails and is not timed. The launch chain times one run of the "
-           "whole chain, divided by its launches (median of %d); the grid-barrier column is one cooperative kernel "
-           "doing the same links with every block resident, a barrier between links.\n",
+           "whole chain, divided by its launches (median of %d); the grid-barrier columns are one cooperative kernel "
+           "doing the same links with every block resident, a barrier between links: fences around an atomic add "
+           "and a spin, or a release add and acquire loads.\n",
            r->reps, TOP_K, LAB_TOLERANCE, r->reps);
     print_occupancy_warnings(r->gemv, r->n_gemv);
     print_occupancy_warnings(r->experts, r->n_experts);
@@ -389,10 +390,11 @@ static void print_json(const lab_report *r) {
     json_t *chains = json_array();
     for (int i = 0; i < N_CHAINS; i++) {
         const chain_row *c = &r->chains[i];
-        json_array_append_new(chains, json_pack("{s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f}", "kernel", c->what, "blocks",
-                                                c->blocks, "threads", c->threads, "launches", CHAIN_LAUNCHES, "plain_us",
-                                                c->c.plain_us, "graph_us", c->c.graph_us, "graph_pdl_us", c->c.pdl_us,
-                                                "grid_barrier_us", c->c.barrier_us));
+        json_array_append_new(chains, json_pack("{s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f}", "kernel", c->what,
+                                                "blocks", c->blocks, "threads", c->threads, "launches", CHAIN_LAUNCHES,
+                                                "plain_us", c->c.plain_us, "graph_us", c->c.graph_us, "graph_pdl_us",
+                                                c->c.pdl_us, "grid_barrier_us", c->c.barrier_us,
+                                                "acq_rel_barrier_us", c->c.acq_rel_barrier_us));
     }
     json_t *root = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:o, s:o}", "device", r->device, "sms",
                              r->n_sm, "repetitions", r->reps, "read_bandwidth_gbps", r->bw_median,
@@ -468,9 +470,9 @@ static moe_status measure_experts(lab_report *r, const weight_pool *pool, uint64
 }
 
 static moe_status measure_chains(lab_report *r, moe_error *err) {
-    const chain_row shapes[N_CHAINS] = {{"tiny", 1, 32, {0, 0, 0, 0}},
-                                        {"3 blocks per SM", 3 * r->n_sm, 256, {0, 0, 0, 0}},
-                                        {"1 block per SM (a persistent step's shape)", r->n_sm, 512, {0, 0, 0, 0}}};
+    const chain_row shapes[N_CHAINS] = {{"tiny", 1, 32, {0, 0, 0, 0, 0}},
+                                        {"3 blocks per SM", 3 * r->n_sm, 256, {0, 0, 0, 0, 0}},
+                                        {"1 block per SM (a persistent step's shape)", r->n_sm, 512, {0, 0, 0, 0, 0}}};
     for (int i = 0; i < N_CHAINS; i++) {
         r->chains[i] = shapes[i];
         moe_status st = cuda_lab_launch_chain(CHAIN_LAUNCHES, shapes[i].blocks, shapes[i].threads, r->reps,

@@ -186,6 +186,7 @@ typedef struct cuda_lab_timing {
 typedef struct cuda_lab_chain {
     double plain_us, graph_us, pdl_us; /* per launch: on a stream, one graph, a graph with PDL */
     double barrier_us;                 /* per step of one resident kernel, steps parted by grid barriers */
+    double acq_rel_barrier_us;         /* the same with a release/acquire barrier (no fences) */
 } cuda_lab_chain;
 
 /* The GPU's name and number of SMs. */

@@ -102,6 +102,8 @@ static inline int dp4a_u8s8(unsigned a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(uint8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
     return c;
 }
+static inline void add_release_gpu(unsigned *p, unsigned v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); }
+static inline unsigned load_acquire_gpu(const unsigned *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void pdl_wait(void) {}
 static inline void pdl_launch_dependents(void) {}
 #else
@@ -126,6 +128,16 @@ __device__ __forceinline__ int dp4a_u8s8(unsigned a, int b, int c) {
     int d;
     asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
     return d;
+}
+/* A reduction that releases this thread's earlier writes at GPU scope, and
+ * a load that acquires at GPU scope: a barrier's arrival and its spin. */
+__device__ __forceinline__ void add_release_gpu(unsigned *p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned load_acquire_gpu(const unsigned *p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
 }
 /* Programmatic dependent launch: no-ops when the launch did not ask for it. */
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }

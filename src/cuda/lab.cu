@@ -657,29 +657,43 @@ static void enqueue_chain(const lab_ctx *c, int *cells, int launches, int blocks
 /* The same chain inside one kernel whose blocks are all resident (a
  * cooperative launch): the links are parted by grid-wide barriers instead
  * of launches, what a persistent decode step would pay per phase. The
- * arrival count only grows: barrier i waits for (i + 1) x blocks. */
+ * arrival count only grows: barrier i waits for (i + 1) x blocks. Two
+ * barriers: FENCED, full fences around a relaxed atomic and a volatile
+ * spin; ACQ_REL, one release reduction and acquire loads (PTX's memory
+ * model: the block barrier before it orders the block's writes, the
+ * release makes them visible with the arrival, no fence instruction). */
+enum { BARRIER_FENCED, BARRIER_ACQ_REL };
+
+template <int KIND>
 __device__ __forceinline__ void grid_barrier(unsigned *arrived, unsigned target) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(arrived, 1u);
-        while (*(volatile unsigned *)arrived < target) {
+        if (KIND == BARRIER_FENCED) {
+            __threadfence();
+            atomicAdd(arrived, 1u);
+            while (*(volatile unsigned *)arrived < target) {
+            }
+            __threadfence();
+        } else {
+            add_release_gpu(arrived, 1u);
+            while (load_acquire_gpu(arrived) < target) {
+            }
         }
-        __threadfence();
     }
     __syncthreads();
 }
 
+template <int KIND>
 __global__ void barrier_chain_kernel(int *cells, unsigned *arrived, int links) {
     for (int i = 0; i < links; i++) {
         const int v = __ldcg(cells + (i & 1));
         if (blockIdx.x == 0 && threadIdx.x == 0) cells[(i & 1) ^ 1] = v + 1;
         else if (v < 0) cells[2] = v; /* never: keeps every thread's read */
-        grid_barrier(arrived, (unsigned)(i + 1) * gridDim.x);
+        grid_barrier<KIND>(arrived, (unsigned)(i + 1) * gridDim.x);
     }
 }
 
-enum { CHAIN_PLAIN, CHAIN_GRAPH, CHAIN_GRAPH_PDL, CHAIN_BARRIER };
+enum { CHAIN_PLAIN, CHAIN_GRAPH, CHAIN_GRAPH_PDL, CHAIN_BARRIER, CHAIN_BARRIER_ACQ_REL };
 
 /* The barrier chain needs every block resident at once, and a GPU: the
  * simulator runs blocks one after another (the lab does not run there). */
@@ -692,7 +706,7 @@ static moe_status check_resident(lab_ctx *c, int blocks, int threads) {
     int per_sm = 0, cooperative = 0, n_sm = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, 0));
     CUDA_CHECK(cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, 0));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, barrier_chain_kernel, threads, 0));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, barrier_chain_kernel<BARRIER_FENCED>, threads, 0));
     if (!cooperative || blocks > per_sm * n_sm)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED, "%d blocks of %d threads cannot all be resident", blocks, threads);
     return MOE_OK;
@@ -712,7 +726,9 @@ static cudaError_t launch_chain(lab_ctx *c, int *cells, int how, cudaGraphExec_t
 #else
     unsigned *arrived = (unsigned *)(cells + 3);
     void *args[] = {&cells, &arrived, &links};
-    return cudaLaunchCooperativeKernel((const void *)barrier_chain_kernel, blocks, threads, args, 0, c->stream);
+    const void *kernel = how == CHAIN_BARRIER ? (const void *)barrier_chain_kernel<BARRIER_FENCED>
+                                              : (const void *)barrier_chain_kernel<BARRIER_ACQ_REL>;
+    return cudaLaunchCooperativeKernel(kernel, blocks, threads, args, 0, c->stream);
 #endif
 }
 
@@ -744,7 +760,7 @@ static moe_status run_chain(lab_ctx *c, int *cells, int how, cudaGraphExec_t exe
 static moe_status time_chain(lab_ctx *c, int *cells, int how, int links, int blocks, int threads, int reps,
                              double *us) {
     moe_error *err = c->err;
-    if (how == CHAIN_BARRIER) {
+    if (how == CHAIN_BARRIER || how == CHAIN_BARRIER_ACQ_REL) {
         moe_status st = check_resident(c, blocks, threads);
         return st == MOE_OK ? run_chain(c, cells, how, NULL, links, blocks, threads, reps, us) : st;
     }
@@ -775,6 +791,8 @@ moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps
     if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_GRAPH, launches, blocks, threads, reps, &out->graph_us);
     if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_GRAPH_PDL, launches, blocks, threads, reps, &out->pdl_us);
     if (st == MOE_OK) st = time_chain(&c, cells, CHAIN_BARRIER, launches, blocks, threads, reps, &out->barrier_us);
+    if (st == MOE_OK)
+        st = time_chain(&c, cells, CHAIN_BARRIER_ACQ_REL, launches, blocks, threads, reps, &out->acq_rel_barrier_us);
     lab_close(&c);
     return st;
 }
