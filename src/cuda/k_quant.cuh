@@ -34,7 +34,7 @@ __device__ __forceinline__ void k_group_scales(const uint4 &h, int g, int *sc0, 
 }
 
 /* A unit's Q8_K activation, in registers: a kernel loads it once and
- * multiplies every row it visits with it (act_in_regs in kernels.cuh). */
+ * multiplies every row it visits with it (load_act, dot_act: kernels.cuh). */
 struct k_act {
     int4 lo, hi; /* codes of the activations of the unit's lo and hi weights */
     int sums;    /* the sums of those 16 and 16 codes: lo | hi << 16 */
