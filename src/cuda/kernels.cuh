@@ -316,6 +316,15 @@ __device__ __forceinline__ float dot_batch_act(const unit_batch<F> &b, const act
     return acc;
 }
 
+/* do_row(base, pre) over a warp's rows start, start + stride, ... below
+ * total: the first with `first` (its batch loaded before the wait), the
+ * others with NULL. Peeled, so that `first` is dead after the first row. */
+template <class B, class DoRow>
+__device__ __forceinline__ void for_each_row(int start, int stride, int total, const B &first, DoRow do_row) {
+    if (start < total) do_row(start, &first);
+    for (int base = start + stride; base < total; base += stride) do_row(base, (const B *)NULL);
+}
+
 /* Partial dot product of one row (this lane's units) with the staged
  * activation at element offset act_off; `first`, when given, is the row's
  * first batch, already loaded. */
@@ -545,8 +554,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
                 if (acc > best || (acc == best && r < best_row)) best = acc, best_row = r;
             }
         };
-        if (start < total) do_row(start, &first); /* peeled: `first` dies here */
-        for (int base = start + stride; base < total; base += stride) do_row(base, NULL);
+        for_each_row(start, stride, total, first, do_row);
     };
     const int U = a.seg[0].w.units; /* every segment multiplies the same input */
     if (U <= L * F::N) { /* one batch a row: the same units in every row */
@@ -657,8 +665,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
             u = group_sum(u, L);
             if (valid && sub == 0) a.h[out] = g / (1.0f + expf(-g)) * u; /* cpu_swiglu */
         };
-        if (start < total) do_row(start, &first);
-        for (int base = start + stride; base < total; base += stride) do_row(base, NULL);
+        for_each_row(start, stride, total, first, do_row);
     };
     constexpr int NP = pair_batch<F>::NP;
     if (U <= L * NP) { /* one batch a row: the activation in registers */
@@ -728,8 +735,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         acc = group_sum(acc, L);
         if (valid && sub == 0) a.x[row] += acc;
     };
-    if (start < total) do_row(start, &first);
-    for (int base = start + stride; base < total; base += stride) do_row(base, NULL);
+    for_each_row(start, stride, total, first, do_row);
 }
 
 /* ---------------------------------------------------------------- embedding */
