@@ -339,12 +339,13 @@ static void test_same_seed_same_tokens_different_seed_different(void) {
 }
 
 /* The tokens one seed gives on the machine this test was written on: any
- * machine that disagrees breaks the promise of sample.h. */
+ * machine that disagrees breaks the promise of sample.h. (They
+ * changed once, when the top-k candidates were put in rank order.) */
 static void test_seeded_tokens_are_the_same_on_every_machine(void) {
     enum { N = 1000, COUNT = 12 };
     static float logits[N], work[N];
     int32_t got[COUNT];
-    const int32_t expected[COUNT] = {655, 139, 799, 528, 40, 118, 287, 705, 799, 689, 903, 290};
+    const int32_t expected[COUNT] = {911, 22, 450, 561, 264, 439, 109, 487, 40, 326, 303, 400};
     fill_fixed_logits(logits, N);
     sampler_params params = sampler_params_default();
     params.temperature = 0.8f;
@@ -357,6 +358,83 @@ static void test_seeded_tokens_are_the_same_on_every_machine(void) {
     generate(&s, logits, work, N, got, COUNT);
     sampler_free(&s);
     for (int i = 0; i < COUNT; i++) CHECKF(got[i] == expected[i], "token %d: %d, expected %d", i, got[i], expected[i]);
+}
+
+/* The n largest logits by the chain's ranking (larger, then lower id), by
+ * brute force, as a GPU's top list would hand them over. */
+static int32_t brute_top(const float *logits, int32_t n_vocab, int32_t n, sampler_candidate *top) {
+    int32_t found = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        if (logits[i] == -INFINITY) continue;
+        int32_t at = found < n ? found++ : n;
+        while (at > 0 && (logits[i] > top[at - 1].value)) {
+            if (at < n) top[at] = top[at - 1];
+            at--;
+        }
+        if (at < n) top[at] = (sampler_candidate){i, logits[i]};
+    }
+    return found;
+}
+
+/* sampler_sample_top on the top logits and the penalised tokens' logits
+ * against sampler_sample on all of them: the same tokens, probabilities
+ * and generator, step after step, for greedy and top-k chains with and
+ * without penalties that push tokens down or pull them up, filters on,
+ * and logits with ties and -inf. */
+static void test_sampling_from_the_top_equals_sampling_from_all(void) {
+    enum { N = 3000, STEPS = 150, CASES = 6 };
+    static float logits[N], work[N], pen_logits[N];
+    static sampler_candidate top[N];
+    static int32_t pen_ids[N];
+    sampler_params cases[CASES];
+    for (int c = 0; c < CASES; c++) cases[c] = sampler_params_default();
+    cases[0].temperature = 0.0f;
+    cases[1].temperature = 0.0f, cases[1].repetition_penalty = 1.3f;
+    cases[2].temperature = 0.8f, cases[2].top_k = 40, cases[2].top_p = 0.95f, cases[2].min_p = 0.05f;
+    cases[3].temperature = 1.1f, cases[3].top_k = 200, cases[3].frequency_penalty = 0.4f, cases[3].penalty_last_n = 32;
+    cases[4].temperature = 0.7f, cases[4].top_k = 7, cases[4].repetition_penalty = 0.5f,
+    cases[4].presence_penalty = -1.5f; /* seen tokens climb */
+    cases[5].temperature = 2.0f, cases[5].top_k = 1;
+    for (int c = 0; c < CASES; c++) {
+        cases[c].seed = 1000 + (uint64_t)c;
+        sampler full = make_sampler(cases[c], N), part = make_sampler(cases[c], N);
+        for (int step = 0; step < STEPS; step++) {
+            for (int i = 0; i < N; i++) logits[i] = (float)(int)test_uniform(-8.0f, 8.0f) * 0.5f; /* many ties */
+            for (int i = 0; i < N; i += 17) logits[i] = -INFINITY;
+            memcpy(work, logits, sizeof logits);
+            const int32_t expected = sampler_sample(&full, work);
+            const int32_t need = sampler_top_needed(&part);
+            CHECKF(need > 0 && need <= N, "case %d: need %d", c, need);
+            const int32_t n_top = brute_top(logits, N, need, top);
+            const int32_t n_pen = sampler_penalized_tokens(&part, pen_ids);
+            for (int32_t i = 0; i < n_pen; i++) pen_logits[i] = logits[pen_ids[i]];
+            const int32_t got = sampler_sample_top(&part, top, n_top, pen_logits);
+            CHECKF(got == expected, "case %d step %d: %d from the top, %d from all", c, step, got, expected);
+            CHECKF(sampler_last_prob(&part) == sampler_last_prob(&full), "case %d step %d: probability %g vs %g", c,
+                   step, sampler_last_prob(&part), sampler_last_prob(&full));
+            if (got != expected || got < 0) break;
+            sampler_accept(&full, got);
+            sampler_accept(&part, got);
+        }
+        sampler_free(&full);
+        sampler_free(&part);
+    }
+    sampler_params off = sampler_params_default();
+    sampler s = make_sampler(off, N);
+    CHECK(sampler_top_needed(&s) == 0); /* T = 1 without top-k: the softmax spans every token */
+    sampler_free(&s);
+}
+
+static void test_sampling_from_the_top_rejects_bad_logits(void) {
+    sampler_params params = sampler_params_default();
+    params.top_k = 2;
+    sampler s = make_sampler(params, 5);
+    sampler_candidate bad[2] = {{3, NAN}, {1, 2.0f}};
+    CHECK(sampler_sample_top(&s, bad, 2, NULL) == MOE_ERR_FORMAT);
+    CHECKF(strstr(s.error.message, "token 3 is NaN") != NULL, "%s", s.error.message);
+    CHECK(sampler_sample_top(&s, bad, 0, NULL) == MOE_ERR_FORMAT); /* nothing finite */
+    CHECKF(strstr(s.error.message, "-inf") != NULL, "%s", s.error.message);
+    sampler_free(&s);
 }
 
 static void test_bad_logits(void) {
@@ -515,6 +593,8 @@ int main(void) {
     RUN(test_repetition_penalty_can_change_the_winner);
     RUN(test_same_seed_same_tokens_different_seed_different);
     RUN(test_seeded_tokens_are_the_same_on_every_machine);
+    RUN(test_sampling_from_the_top_equals_sampling_from_all);
+    RUN(test_sampling_from_the_top_rejects_bad_logits);
     RUN(test_bad_logits);
     RUN(test_bad_parameters_are_rejected_by_name);
     RUN(test_accept_rejects_tokens_outside_the_vocabulary);

@@ -5,7 +5,9 @@
  * s->ids. Without top-k the whole vocabulary is the first candidate set,
  * in order, so no ids are stored (a set's ids pointer is NULL) and the
  * weights come out of one vectorised pass over the logits. Top-k instead
- * picks k (id, logit) pairs with a heap. The filters compact the arrays in
+ * picks k (id, logit) pairs with a heap and puts them in rank order, the
+ * order sampler_sample_top gives the same pairs found elsewhere (on the
+ * GPU), so both draw the same token. The filters compact the arrays in
  * place. Top-p avoids sorting the vocabulary: a histogram of the weights'
  * bit patterns finds the bucket where the running mass crosses p, and only
  * that bucket is sorted.
@@ -243,11 +245,15 @@ static float penalize(float logit, int32_t count, const sampler_params *p) {
     return repeated - ((float)count * p->frequency_penalty + p->presence_penalty);
 }
 
+static bool penalties_on(const sampler_params *p) {
+    return p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+}
+
 /* A token may sit in the window many times but is penalised once: its count
  * is negated while it is done and restored afterwards. O(window). */
 static void apply_penalties(sampler *s, float *logits) {
     const sampler_params *p = &s->params;
-    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return;
+    if (!penalties_on(p)) return;
     for (int32_t i = 0; i < s->window_len; i++) {
         const int32_t token = s->window[i], count = s->counts[token];
         if (count <= 0) continue;
@@ -308,6 +314,12 @@ static int32_t scan_logits(sampler *s, const float *logits) {
 /* The ranking of the whole chain: a larger value first, then a lower id. */
 static bool ranks_below(sampler_candidate a, sampler_candidate b) {
     return a.value < b.value || (a.value == b.value && a.id > b.id);
+}
+
+static int compare_by_rank(const void *pa, const void *pb) {
+    const sampler_candidate *a = pa, *b = pb;
+    if (ranks_below(*a, *b)) return 1;
+    return ranks_below(*b, *a) ? -1 : 0;
 }
 
 /* Min-heap under ranks_below: the root is the weakest of the k kept. */
@@ -395,19 +407,17 @@ static void softmax_weights(const float *x, float *w, size_t n, float max_logit,
     }
 }
 
-/* The first candidate set: every token, or the top k. */
-static candidate_set softmax(sampler *s, const float *logits, float max_logit, float inv_t) {
-    const int32_t k = s->params.top_k;
-    if (k == 0 || k >= s->n_vocab) {
-        softmax_weights(logits, s->weights, (size_t)s->n_vocab, max_logit, inv_t);
-        return (candidate_set){NULL, s->weights, (size_t)s->n_vocab};
-    }
-    const size_t n = gather_top_k(s, logits, (size_t)k);
+/* The first min(n, k) of the n pairs in s->pairs, by rank, as a candidate
+ * set of logits. Rank order makes the set's order independent of how the
+ * pairs were found (a heap over the whole vocabulary, or a GPU's top list
+ * for sampler_sample_top), and so is every later sum and the draw. */
+static candidate_set ranked_set(sampler *s, size_t n, size_t k) {
+    qsort(s->pairs, n, sizeof *s->pairs, compare_by_rank);
+    if (n > k) n = k;
     for (size_t i = 0; i < n; i++) {
         s->ids[i] = s->pairs[i].id;
         s->weights[i] = s->pairs[i].value;
     }
-    softmax_weights(s->weights, s->weights, n, max_logit, inv_t);
     return (candidate_set){s->ids, s->weights, n};
 }
 
@@ -421,12 +431,6 @@ static uint32_t top_p_bucket(float w) {
     memcpy(&bits, &w, sizeof bits);
     const uint32_t b = (UINT32_C(0x3F800000) - bits) >> TOP_P_BUCKET_SHIFT;
     return b < TOP_P_BUCKETS - 1 ? b : TOP_P_BUCKETS - 1;
-}
-
-static int compare_by_rank(const void *pa, const void *pb) {
-    const sampler_candidate *a = pa, *b = pb;
-    if (ranks_below(*a, *b)) return 1;
-    return ranks_below(*b, *a) ? -1 : 0;
 }
 
 /* The bucket where the running mass, taken from the top bucket down,
@@ -530,22 +534,95 @@ static int32_t draw(sampler *s, candidate_set c) {
 
 /* ---------------------------------------------------------------- the chain */
 
-int32_t sampler_sample(sampler *s, float *logits) {
+/* Temperature, softmax, the filters and the draw on candidate set c, whose
+ * weights come from the logits x (x[i] for c's entry i; x may be c.w). */
+static int32_t draw_from(sampler *s, const float *x, candidate_set c, float max_logit) {
     const sampler_params *p = &s->params;
-    apply_penalties(s, logits);
-    const int32_t best = scan_logits(s, logits);
-    if (best < 0) return best;
-    if (p->temperature == 0.0f) {
-        s->last_prob = 1.0f;
-        return best;
-    }
     /* A temperature so small that 1/T overflows acts as the smallest one
      * that does not: still only the argmax has weight. */
     const float inv_t = fminf(1.0f / p->temperature, FLT_MAX);
-    candidate_set c = softmax(s, logits, logits[best], inv_t);
+    softmax_weights(x, c.w, c.n, max_logit, inv_t);
     if (p->top_p < 1.0f) c = top_p_filter(s, c, p->top_p);
     if (p->min_p > 0.0f) c = min_p_filter(s, c, p->min_p);
     return draw(s, c);
+}
+
+static bool top_k_on(const sampler *s) {
+    return s->params.top_k > 0 && s->params.top_k < s->n_vocab;
+}
+
+int32_t sampler_sample(sampler *s, float *logits) {
+    apply_penalties(s, logits);
+    const int32_t best = scan_logits(s, logits);
+    if (best < 0) return best;
+    if (s->params.temperature == 0.0f) {
+        s->last_prob = 1.0f;
+        return best;
+    }
+    if (!top_k_on(s))
+        return draw_from(s, logits, (candidate_set){NULL, s->weights, (size_t)s->n_vocab}, logits[best]);
+    const candidate_set c = ranked_set(s, gather_top_k(s, logits, (size_t)s->params.top_k), (size_t)s->params.top_k);
+    return draw_from(s, c.w, c, logits[best]);
+}
+
+/* ---------------------------------------------------------------- from the top logits */
+
+int32_t sampler_top_needed(const sampler *s) {
+    int32_t k;
+    if (s->params.temperature == 0.0f) k = 1;
+    else if (top_k_on(s)) k = s->params.top_k;
+    else return 0;
+    /* Each penalised token may leave the top or enter it: with window_len
+     * more, the top holds k tokens the penalties leave alone. */
+    const int32_t changed = penalties_on(&s->params) ? s->window_len : 0;
+    return k < s->n_vocab - changed ? k + changed : s->n_vocab;
+}
+
+int32_t sampler_penalized_tokens(sampler *s, int32_t *ids) {
+    if (!penalties_on(&s->params)) return 0;
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->window_len; i++) {
+        const int32_t token = s->window[i];
+        if (s->counts[token] <= 0) continue;
+        ids[n++] = token;
+        s->counts[token] = -s->counts[token];
+    }
+    for (int32_t i = 0; i < n; i++) s->counts[ids[i]] = -s->counts[ids[i]];
+    return n;
+}
+
+/* Offers one of sampler_sample_top's logits to s->pairs. */
+static moe_status offer_logit(sampler *s, size_t *n, int32_t id, float logit) {
+    if (isnan(logit) || logit == INFINITY)
+        return moe_error_set(&s->error, MOE_ERR_FORMAT, "sampler: the logit of token %d is %s", id,
+                             isnan(logit) ? "NaN" : "+inf");
+    if (logit != -INFINITY) s->pairs[(*n)++] = (sampler_candidate){id, logit};
+    return MOE_OK;
+}
+
+int32_t sampler_sample_top(sampler *s, const sampler_candidate *top, int32_t n_top, const float *penalized_logits) {
+    const sampler_params *p = &s->params;
+    const int32_t n_pen = sampler_penalized_tokens(s, s->ids);
+    size_t n = 0;
+    moe_status st = MOE_OK;
+    for (int32_t i = 0; i < n_pen && st == MOE_OK; i++) {
+        const int32_t id = s->ids[i];
+        const float x = penalized_logits[i];
+        st = offer_logit(s, &n, id, isfinite(x) ? penalize(x, s->counts[id], p) : x);
+    }
+    for (int32_t i = 0; i < n_top && st == MOE_OK; i++)
+        if (n_pen == 0 || s->counts[top[i].id] == 0) st = offer_logit(s, &n, top[i].id, top[i].value);
+    if (st != MOE_OK) return st;
+    if (n == 0)
+        return moe_error_set(&s->error, MOE_ERR_FORMAT, "sampler: all %d logits are -inf, no token can be drawn",
+                             s->n_vocab);
+    const size_t k = p->temperature == 0.0f ? 1 : top_k_on(s) ? (size_t)p->top_k : n;
+    const candidate_set c = ranked_set(s, n, k);
+    if (p->temperature == 0.0f) {
+        s->last_prob = 1.0f;
+        return c.ids[0];
+    }
+    return draw_from(s, c.w, c, c.w[0]);
 }
 
 float sampler_logprob(const float *logits, int32_t n_vocab, int32_t token) {

@@ -109,6 +109,34 @@ void sampler_reset(sampler *s);
  * near the top-p boundary. */
 int32_t sampler_sample(sampler *s, float *logits);
 
+/* ---- sampling from the top of the logits
+ *
+ * A GPU holds the logits; copying all of them to the host and scanning
+ * them there costs more than the model's step. When the chain only ever
+ * looks at the largest few (greedy, or top-k), the device can find those
+ * and sampler_sample_top finishes the chain on them: the same token, the
+ * same probability and the same generator state as sampler_sample on every
+ * logit. The penalised tokens come along separately, as a penalty may move
+ * any of them into the top or out of it. */
+
+/* How many of the largest logits sampler_sample_top needs: 1 (greedy) or
+ * top_k, plus one per token in the penalty window while a penalty is on.
+ * 0 when the chain needs every logit (a temperature > 0 without top-k:
+ * its softmax spans the vocabulary). */
+int32_t sampler_top_needed(const sampler *s);
+
+/* The distinct tokens the penalties will change, to ids (room for
+ * penalty_last_n), in window order; their count, 0 with no penalty on. */
+int32_t sampler_penalized_tokens(sampler *s, int32_t *ids);
+
+/* sampler_sample from part of the logits: top[0..n_top) are the n_top
+ * largest (in any order, distinct ids; fewer only when every other logit is
+ * -inf), penalized_logits[i] the logit of the i-th token
+ * sampler_penalized_tokens names (called just before, on the same window).
+ * With n_top >= sampler_top_needed(s) > 0, returns what sampler_sample
+ * would; errors as it does. Does not accept the token. */
+int32_t sampler_sample_top(sampler *s, const sampler_candidate *top, int32_t n_top, const float *penalized_logits);
+
 /* The probability the last sampled token had in the distribution it was
  * drawn from, after every filter (1 for greedy). */
 float sampler_last_prob(const sampler *s);
