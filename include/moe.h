@@ -146,8 +146,9 @@ moe_status moe_session_feed(moe_session *session, const int32_t *ids, size_t n_i
 moe_status moe_session_feed_all_logits(moe_session *session, const int32_t *ids, size_t n_ids, float *logits,
                                        moe_error *err);
 
-/* Logits (n_vocab) after the last token fed; NULL before any. */
-const float *moe_session_logits(const moe_session *session);
+/* Logits (n_vocab) after the last token fed; NULL before any (or when
+ * copying them from the GPU, where they stay until asked for, fails). */
+const float *moe_session_logits(moe_session *session);
 
 /* Sample the next token from the current logits and count it in the
  * penalty history (it is not fed: call moe_session_feed with it). */

@@ -24,6 +24,7 @@
  *    attention across several 64-position tiles) against float64 on the
  *    host: relative L2 1e-5 per token; cache rows before the chunk
  *    untouched, after it never written.
+ *  - the top logits sampling on the device reads, against a full sort.
  *
  * The worst ratio seen per type is printed, so a drift shows before it
  * fails.
@@ -433,6 +434,65 @@ static void test_prefill_attention(void) {
         check_prefill_attention(&cases[i]);
 }
 
+/* ---------------------------------------------------------------- top logits */
+
+static int cmp_rank(const void *pa, const void *pb) {
+    const sampler_candidate *a = pa, *b = pb;
+    if (a->value != b->value) return a->value < b->value ? 1 : -1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* Logits in steps of 1/4 (ties everywhere), every 7th -inf, some huge. */
+static void tied_logits(float *l, int n) {
+    for (int i = 0; i < n; i++) l[i] = roundf(gauss() * 12.0f) * 0.25f;
+    for (int i = 3; i < n; i += 7) l[i] = -INFINITY;
+    if (n > 10) l[n / 2] = 3e38f, l[n / 3] = -3e38f;
+}
+
+static void check_top(int n_vocab, int n, int n_extra) {
+    float *l = xmalloc(sizeof(float) * n_vocab), extra_logits[64];
+    sampler_candidate *ref = xmalloc(sizeof *ref * n_vocab), *top = xmalloc(sizeof *top * CUDA_TOP_MAX);
+    int32_t extra[64];
+    tied_logits(l, n_vocab);
+    for (int i = 0; i < n_extra; i++) extra[i] = (int32_t)(uniform() * n_vocab);
+    int finite = 0;
+    for (int i = 0; i < n_vocab; i++)
+        if (l[i] != -INFINITY) ref[finite++] = (sampler_candidate){i, l[i]};
+    qsort(ref, (size_t)finite, sizeof *ref, cmp_rank);
+    moe_error err = {0};
+    int found = -1;
+    moe_status st = cuda_test_top_logits(l, n_vocab, n, extra, n_extra, top, &found, extra_logits, &err);
+    CHECKF(st == MOE_OK, "vocab %d, top %d: %s", n_vocab, n, err.message);
+    const int expect = finite < n ? finite : n;
+    CHECKF(found == expect, "vocab %d, top %d: %d found, %d expected", n_vocab, n, found, expect);
+    int bad = 0;
+    for (int i = 0; st == MOE_OK && i < expect && i < found; i++) bad += top[i].id != ref[i].id || top[i].value != ref[i].value;
+    for (int i = 0; st == MOE_OK && i < n_extra; i++) bad += memcmp(&extra_logits[i], &l[extra[i]], sizeof(float)) != 0;
+    CHECKF(bad == 0, "vocab %d, top %d: %d wrong", n_vocab, n, bad);
+    free(l), free(ref), free(top);
+}
+
+/* The GPU's top logits (cuda_top_logits, what sampling on the device
+ * reads) against a full sort by the sampler's ranking: same ids, same
+ * values, same order; the extra ids' logits bit for bit; a NaN or +inf
+ * logit reported by its lowest id; nothing finite, nothing found. */
+static void test_top_logits(void) {
+    const int cases[][3] = {{1, 1, 0}, {7, 40, 3}, {1000, 1, 0}, {1000, 104, 64}, {4099, 512, 10},
+                            {151936, 40, 0}, {151936, 104, 64}, {151936, 1, 5}, {262144, 300, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_top(cases[i][0], cases[i][1], cases[i][2]);
+    enum { N = 5000 };
+    static float l[N];
+    sampler_candidate top[8];
+    int found = -1;
+    moe_error err = {0};
+    for (int i = 0; i < N; i++) l[i] = -INFINITY;
+    CHECK(cuda_test_top_logits(l, N, 8, NULL, 0, top, &found, NULL, &err) == MOE_OK && found == 0);
+    l[4321] = NAN, l[777] = INFINITY, l[10] = 1.0f;
+    CHECK(cuda_test_top_logits(l, N, 8, NULL, 0, top, &found, NULL, &err) == MOE_ERR_FORMAT);
+    CHECKF(strstr(err.message, "token 777") != NULL, "%s", err.message);
+    CHECK(cuda_test_top_logits(l, N, CUDA_TOP_MAX + 1, NULL, 0, top, &found, NULL, &err) == MOE_ERR_UNSUPPORTED);
+}
+
 int main(void) {
     if (!cuda_available()) {
         printf("skipped: no CUDA GPU\n");
@@ -442,6 +502,7 @@ int main(void) {
     RUN(test_experts_by_id);
     RUN(test_dequant_every_type);
     RUN(test_prefill_attention);
+    RUN(test_top_logits);
     return test_summary();
 }
 

@@ -127,6 +127,37 @@ static void test_sampling_is_reproducible(void) {
     CHECK(memcmp(a, c, sizeof a) != 0);
 }
 
+/* The next token from the GPU's top logits (moe_session_sample's device
+ * path, when the model runs there) against the host's sampler on all the
+ * logits (which reading moe_session_logits first forces), step by step
+ * for chains the device serves (greedy and top-k, with penalties) and one
+ * it does not (the whole vocabulary). On the CPU both take the host path. */
+static void test_sampling_on_the_device_equals_the_host(void) {
+    moe_sampling chains[3];
+    for (int c = 0; c < 3; c++) chains[c] = moe_session_default_params().sampling;
+    chains[0].temperature = 0.0f, chains[0].repetition_penalty = 1.5f;
+    chains[1].temperature = 0.9f, chains[1].top_k = 40, chains[1].top_p = 0.9f, chains[1].min_p = 0.02f;
+    chains[1].frequency_penalty = 0.7f;
+    chains[2].temperature = 1.0f, chains[2].top_k = 0;
+    for (int c = 0; c < 3; c++) {
+        moe_session *dev = new_session(64, 1.0f, 11), *host = new_session(64, 1.0f, 11);
+        moe_error err = {0};
+        CHECK(moe_session_set_sampling(dev, &chains[c], &err) == MOE_OK);
+        CHECK(moe_session_set_sampling(host, &chains[c], &err) == MOE_OK);
+        int32_t token = 'a';
+        for (int i = 0; i < 24; i++) {
+            CHECK(moe_session_feed(dev, &token, 1, &err) == MOE_OK && moe_session_feed(host, &token, 1, &err) == MOE_OK);
+            int32_t from_host = -1;
+            CHECK(moe_session_logits(host) != NULL);
+            CHECK(moe_session_sample(dev, &token, &err) == MOE_OK && moe_session_sample(host, &from_host, &err) == MOE_OK);
+            CHECKF(token == from_host, "chain %d step %d: %d on the device, %d on the host", c, i, token, from_host);
+        }
+        CHECK(memcmp(moe_session_logits(dev), moe_session_logits(host), 512 * sizeof(float)) == 0);
+        moe_session_free(dev);
+        moe_session_free(host);
+    }
+}
+
 static void test_set_sampling_keeps_the_cache(void) {
     int32_t fresh[8], reused[8];
     sample_sequence(21, 1.0f, fresh, 8);
@@ -221,6 +252,7 @@ int main(void) {
     RUN(test_context_overflow_is_refused_whole);
     RUN(test_rewind_keeps_the_prefix);
     RUN(test_sampling_is_reproducible);
+    RUN(test_sampling_on_the_device_equals_the_host);
     RUN(test_set_sampling_keeps_the_cache);
     RUN(test_generate);
     RUN(test_chat_format);

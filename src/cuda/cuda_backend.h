@@ -12,6 +12,10 @@
  * read from device memory, so one graph serves every position and a decode
  * loop never returns to the host (cuda_decode_greedy).
  *
+ * The step leaves the logits on the GPU; the engine samples from the
+ * largest few of them (cuda_top_logits) when its sampler allows, and
+ * copies them all only when it needs every one.
+ *
  * Builds without CUDA get inline versions that report no GPU:
  * cuda_available() is false and the constructors fail with a message that
  * says the build has no CUDA.
@@ -26,6 +30,7 @@
 
 #include "model/model.h"
 #include "moe.h"
+#include "sample/sample.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -67,6 +72,22 @@ size_t cuda_state_bytes(const cuda_state *s); /* device bytes of the KV cache an
  * (all_logits) or of the last, n_vocab floats each; logits may be NULL. */
 moe_status cuda_forward(cuda_state *s, const int32_t *tokens, int n, int pos, float *logits, bool all_logits,
                         moe_error *err);
+
+/* The last position's logits stay on the GPU (cuda_forward fills them
+ * whether or not it copies them out); these two read them. */
+
+/* All n_vocab of them to out. */
+moe_status cuda_last_logits(cuda_state *s, float *out, moe_error *err);
+
+/* The n largest (1 <= n <= CUDA_TOP_MAX) to top, by the sampler's ranking
+ * (larger first, the lower id among equals; -inf never), *n_found of them
+ * (fewer than n only when fewer are finite), and the logits of the tokens
+ * extra[0..n_extra) (n_extra <= CUDA_TOP_EXTRA_MAX) to extra_logits: what
+ * sampler_sample_top needs. MOE_ERR_FORMAT when a logit is NaN or +inf,
+ * MOE_ERR_UNSUPPORTED when n or n_extra is out of range. */
+enum { CUDA_TOP_MAX = 512, CUDA_TOP_EXTRA_MAX = 1024 };
+moe_status cuda_top_logits(cuda_state *s, int n, const int32_t *extra, int n_extra, sampler_candidate *top,
+                           int *n_found, float *extra_logits, moe_error *err);
 
 /* Whether cuda_forward runs n tokens batched (src/cuda/prefill.cu): this
  * build has cuBLAS (the simulator's has not), MOE_CUDA_PREFILL is not 0, and
@@ -141,6 +162,10 @@ moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, i
                              const float *weights, const float *x, const float *y0, float *h, float *y,
                              moe_error *err);
 
+/* cuda_top_logits on logits[0..n_vocab) copied to the GPU, run twice. */
+moe_status cuda_test_top_logits(const float *logits, int n_vocab, int n, const int32_t *extra, int n_extra,
+                                sampler_candidate *top, int *n_found, float *extra_logits, moe_error *err);
+
 /* The prefill's dequantization: n_pick matrices of a slab of n_experts
  * (rows x cols each, GGUF layout, contiguous), experts[i] or i when
  * experts is NULL, to out as row-major f32 or bf16 bits, rows * cols
@@ -204,6 +229,8 @@ moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps
 
 #else /* no CUDA in this build */
 
+enum { CUDA_TOP_MAX = 0, CUDA_TOP_EXTRA_MAX = 0 };
+
 static inline bool cuda_available(void) { return false; }
 static inline moe_status cuda_no_cuda(moe_error *err) {
     if (err) {
@@ -229,6 +256,15 @@ static inline void cuda_state_free(cuda_state *s) { (void)s; }
 static inline moe_status cuda_forward(cuda_state *s, const int32_t *tokens, int n, int pos, float *logits,
                                       bool all_logits, moe_error *err) {
     (void)s, (void)tokens, (void)n, (void)pos, (void)logits, (void)all_logits;
+    return cuda_no_cuda(err);
+}
+static inline moe_status cuda_last_logits(cuda_state *s, float *out, moe_error *err) {
+    (void)s, (void)out;
+    return cuda_no_cuda(err);
+}
+static inline moe_status cuda_top_logits(cuda_state *s, int n, const int32_t *extra, int n_extra,
+                                         sampler_candidate *top, int *n_found, float *extra_logits, moe_error *err) {
+    (void)s, (void)n, (void)extra, (void)n_extra, (void)top, (void)n_found, (void)extra_logits;
     return cuda_no_cuda(err);
 }
 

@@ -631,6 +631,7 @@ void cuda_state_free(cuda_state *s) {
     if (s->ev[0]) cudaEventDestroy(s->ev[0]);
     if (s->ev[1]) cudaEventDestroy(s->ev[1]);
     cuda_prefill_free(s);
+    cuda_top_free(s);
     if (s->stream) cudaStreamDestroy(s->stream);
     if (s->mem) cudaFree(s->mem);
     free(s);

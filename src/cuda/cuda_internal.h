@@ -283,7 +283,10 @@ struct cuda_state {
     int prof_n, prof_cap, prof_pos;
     bool prof_on;
     struct prefill_scratch *prefill; /* the batched prefill's scratch (prefill.cu), made on first use */
+    struct top_scratch *top;         /* cuda_top_logits' scratch (top_logits.cu), made on first use */
 };
+
+void cuda_top_free(cuda_state *s);
 
 /* The router of an F32 matrix (float.cu): logits, then the routing as
  * gemv_kernel's EPI_ROUTER does it, one block per expert. */

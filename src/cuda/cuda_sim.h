@@ -171,6 +171,7 @@ template <class T> static inline T __shfl_down_sync(unsigned, T v, int delta, in
 
 template <class T> static inline T atomicAdd(T *p, T v) { T old = *p; *p = old + v; return old; }
 template <class T> static inline T atomicExch(T *p, T v) { T old = *p; *p = v; return old; }
+template <class T> static inline T atomicMin(T *p, T v) { T old = *p; *p = v < old ? v : old; return old; }
 template <class T> static inline T __ldg(const T *p) { return *p; }
 template <class T> static inline T __ldcg(const T *p) { return *p; }
 static inline int min(int a, int b) { return a < b ? a : b; }

@@ -615,8 +615,9 @@ static moe_status ffn_layer(cuda_state *s, int l, int T, moe_error *err) {
 
 /* ---------------------------------------------------------------- a chunk */
 
-/* Logits of the chunk's last n_out positions to out (host), one decode
- * gemv each (norm fused, activations quantized as the CPU does). */
+/* Logits of the chunk's last n_out positions to out (host; NULL: only
+ * the last stays on the device), one decode gemv each (norm fused,
+ * activations quantized as the CPU does). */
 static moe_status head(cuda_state *s, int T, int n_out, float *out, moe_error *err) {
     const model_config *c = &s->m->config;
     const dmat *w = &s->g->output;
@@ -634,8 +635,9 @@ static moe_status head(cuda_state *s, int T, int n_out, float *out, moe_error *e
     for (int i = 0; i < n_out; i++) {
         a.in = act_in{s->prefill->x + (size_t)(T - n_out + i) * c->n_embd, s->g->output_norm, c->rms_eps, c->n_embd};
         f->gemv(&a, grid, smem, s->stream, false);
-        CUDA_CHECK(cudaMemcpyAsync(out + (size_t)i * c->n_vocab, s->logits, (size_t)c->n_vocab * sizeof(float),
-                                   cudaMemcpyDeviceToHost, s->stream));
+        if (out)
+            CUDA_CHECK(cudaMemcpyAsync(out + (size_t)i * c->n_vocab, s->logits, (size_t)c->n_vocab * sizeof(float),
+                                       cudaMemcpyDeviceToHost, s->stream));
     }
     return MOE_OK;
 }
@@ -668,7 +670,8 @@ moe_status cuda_prefill(cuda_state *s, const int32_t *tokens, int n, int pos, fl
         const int T = n - done < p->cap ? n - done : p->cap;
         const bool last = done + T == n;
         float *out = !logits ? NULL : all_logits ? logits + done * vocab : last ? logits : NULL;
-        st = run_chunk(s, done, T, pos + done, out, !out ? 0 : all_logits ? T : 1, err);
+        /* the last position's logits always land on the device (cuda_top_logits) */
+        st = run_chunk(s, done, T, pos + done, out, out && all_logits ? T : last ? 1 : 0, err);
     }
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
     return st;

@@ -154,15 +154,17 @@ static moe_status check_room(const moe_session *s, size_t n, moe_error *err) {
     return MOE_OK;
 }
 
+/* The GPU keeps the logits: sampling usually needs only their top. */
 moe_status moe_session_feed(moe_session *s, const int32_t *ids, size_t n, moe_error *err) {
     moe_status st = check_room(s, n, err);
     if (st == MOE_OK)
-        st = s->gpu ? cuda_forward(s->gpu, ids, (int)n, s->pos, s->logits, false, err)
+        st = s->gpu ? cuda_forward(s->gpu, ids, (int)n, s->pos, NULL, false, err)
                     : cpu_forward(s->cpu, ids, (int)n, s->pos, s->logits, false, err);
     if (st != MOE_OK) return st;
     memcpy(s->tokens + s->pos, ids, n * sizeof *ids);
     s->pos += (int)n;
     s->has_logits = true;
+    s->logits_on_host = !s->gpu;
     return MOE_OK;
 }
 
@@ -177,13 +179,48 @@ moe_status moe_session_feed_all_logits(moe_session *s, const int32_t *ids, size_
     memcpy(s->tokens + s->pos, ids, n * sizeof *ids);
     s->pos += (int)n;
     s->has_logits = true;
+    s->logits_on_host = true;
     return MOE_OK;
 }
 
-const float *moe_session_logits(const moe_session *s) { return s->has_logits ? s->logits : NULL; }
+static moe_status logits_to_host(moe_session *s, moe_error *err) {
+    if (s->logits_on_host) return MOE_OK;
+    moe_status st = cuda_last_logits(s->gpu, s->logits, err);
+    s->logits_on_host = st == MOE_OK;
+    return st;
+}
+
+const float *moe_session_logits(moe_session *s) {
+    return s->has_logits && logits_to_host(s, NULL) == MOE_OK ? s->logits : NULL;
+}
+
+/* The next token from the GPU's largest logits (sample.h,
+ * sampler_sample_top): the token the whole row would give, for a few
+ * kilobytes instead of n_vocab floats and a scan of them. MOE_ERR_UNSUPPORTED
+ * when the sampler needs every logit or more than the GPU selects;
+ * MOE_ERR_FORMAT for a NaN or +inf logit (the host names it). */
+static moe_status sample_on_gpu(moe_session *s, int32_t *token, moe_error *err) {
+    const int32_t need = sampler_top_needed(&s->sampler);
+    if (need <= 0 || need > CUDA_TOP_MAX || s->sampler.window_len > CUDA_TOP_EXTRA_MAX) return MOE_ERR_UNSUPPORTED;
+    const int32_t n_pen = sampler_penalized_tokens(&s->sampler, s->penalized);
+    int n_top = 0;
+    moe_error quiet;
+    moe_status st = cuda_top_logits(s->gpu, need, s->penalized, n_pen, s->top, &n_top, s->penalized_logits, &quiet);
+    if (st == MOE_ERR_UNSUPPORTED || st == MOE_ERR_FORMAT) return st;
+    if (st != MOE_OK) return moe_error_set(err, st, "%s", quiet.message);
+    const int32_t id = sampler_sample_top(&s->sampler, s->top, n_top, s->penalized_logits);
+    if (id < 0) return moe_error_set(err, s->sampler.error.code, "%s", s->sampler.error.message);
+    *token = id;
+    return sampler_accept(&s->sampler, id);
+}
 
 moe_status moe_session_sample(moe_session *s, int32_t *token, moe_error *err) {
     if (!s->has_logits) return moe_error_set(err, MOE_ERR_INVALID_ARG, "nothing to sample from: feed tokens first");
+    if (!s->logits_on_host) {
+        moe_status st = sample_on_gpu(s, token, err);
+        if (st != MOE_ERR_UNSUPPORTED && st != MOE_ERR_FORMAT) return st;
+        if ((st = logits_to_host(s, err)) != MOE_OK) return st;
+    }
     size_t vocab = (size_t)s->model->weights->config.n_vocab;
     /* The sampler edits logits in place; keep the session's copy intact so
      * moe_session_logits stays what the model produced. */

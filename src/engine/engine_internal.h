@@ -24,10 +24,15 @@ struct moe_session {
     cpu_state *cpu;  /* exactly one of cpu and gpu is set */
     cuda_state *gpu;
     sampler sampler;
-    float *logits; /* (n_vocab) of the last token fed */
+    float *logits; /* (n_vocab) of the last token fed, once on the host */
     int32_t *tokens; /* (n_ctx) what the cache holds, by position */
     bool has_logits;
+    bool logits_on_host; /* false while only the GPU holds them: sampling reads its top few */
     int pos;
+    /* moe_session_sample's scratch for the GPU's top logits */
+    sampler_candidate top[CUDA_TOP_MAX + 1];
+    int32_t penalized[CUDA_TOP_EXTRA_MAX + 1];
+    float penalized_logits[CUDA_TOP_EXTRA_MAX + 1];
 };
 
 #endif

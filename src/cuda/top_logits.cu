@@ -1,0 +1,269 @@
+/*
+ * top_logits.cu — the largest logits of the last step, so that the host
+ * samples from a few hundred candidates (sample.h, sampler_sample_top)
+ * instead of copying and scanning every logit, which costs more than the
+ * model's whole step.
+ *
+ * Each logit becomes a 64-bit key: its float bits mapped so that keys
+ * order like the values, then the complement of its id. A larger key is a
+ * larger logit or, among equal logits, the lower id (the sampler's
+ * ranking), and no two keys are equal. -inf ("never") and the NaN and
+ * +inf that mean a broken forward pass get key 0, none; the lowest id of
+ * the latter is reported.
+ *
+ * One launch: every block selects the n largest keys of its slice of the
+ * vocabulary, then the last block to finish (a ticket, as the router's)
+ * selects the n largest of all the blocks' picks and gathers the logits
+ * of the extra ids (the tokens the penalties change). The selection is a
+ * radix select in shared memory from the top byte down: a histogram of
+ * the next byte of the keys that still match, which byte holds the n-th
+ * largest, until the keys matching the prefix are exactly those missing.
+ */
+#include <limits.h>
+#include <stdlib.h>
+
+#include "cuda/cuda_internal.h"
+
+typedef unsigned long long top_key;
+
+enum {
+    TOP_THREADS = 256,     /* one histogram bin a thread */
+    TOP_SMEM_KEYS = 12288, /* 96 KiB of keys: a block's slice, or all blocks' picks */
+};
+
+struct top_scratch {
+    top_key *part;   /* (TOP_SMEM_KEYS) every block's picks */
+    top_key *keys;   /* (CUDA_TOP_MAX) the result */
+    float *extra;    /* (CUDA_TOP_EXTRA_MAX) the extra ids' logits */
+    int *extra_ids;  /* (CUDA_TOP_EXTRA_MAX) */
+    int *meta;       /* [0] keys found, [1] lowest id of a NaN or +inf logit (INT_MAX: none) */
+    int *bad;        /* that id while the blocks run */
+    unsigned *ticket;
+};
+
+__device__ __forceinline__ top_key key_of(float v, int id) {
+    const unsigned bits = __float_as_uint(v);
+    const unsigned ordered = bits & 0x80000000u ? ~bits : bits | 0x80000000u;
+    return (top_key)ordered << 32 | (unsigned)~id;
+}
+
+static float value_of(top_key k) {
+    const unsigned ordered = (unsigned)(k >> 32);
+    const unsigned bits = ordered & 0x80000000u ? ordered & 0x7fffffffu : ~ordered;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+static int32_t id_of(top_key k) { return (int32_t)~(unsigned)k; }
+
+/* Shared state of one block's selection. */
+struct top_select_smem {
+    unsigned hist[TOP_THREADS];
+    unsigned at_least[TOP_THREADS]; /* keys matching the prefix whose next byte is >= the bin */
+    int byte, missing, in_bin, count;
+};
+
+/* The n largest non-zero keys of keys[0..m) (shared memory) to out[0..)
+ * in no particular order; returns how many (fewer than n only when fewer
+ * are non-zero). Every thread of the block calls it. */
+__device__ int select_top(const top_key *keys, int m, int n, top_key *out, top_select_smem *sm) {
+    const int t = (int)threadIdx.x;
+    if (t == 0) sm->count = 0;
+    __syncthreads();
+    int valid = 0;
+    for (int i = t; i < m; i += TOP_THREADS) valid += keys[i] != 0;
+    atomicAdd(&sm->count, valid);
+    __syncthreads();
+    int missing = sm->count < n ? sm->count : n;
+    const int found = missing;
+    top_key prefix = 0, mask = 0;
+    for (int shift = 56; shift >= 0 && missing > 0; shift -= 8) {
+        sm->hist[t] = 0;
+        __syncthreads();
+        for (int i = t; i < m; i += TOP_THREADS) {
+            const top_key k = keys[i];
+            if (k != 0 && (k & mask) == prefix) atomicAdd(&sm->hist[(k >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        sm->at_least[t] = sm->hist[t];
+        for (int step = 1; step < TOP_THREADS; step <<= 1) {
+            __syncthreads();
+            const unsigned add = t + step < TOP_THREADS ? sm->at_least[t + step] : 0u;
+            __syncthreads();
+            sm->at_least[t] += add;
+        }
+        __syncthreads();
+        const unsigned above = t + 1 < TOP_THREADS ? sm->at_least[t + 1] : 0u;
+        if (sm->at_least[t] >= (unsigned)missing && above < (unsigned)missing) {
+            sm->byte = t;
+            sm->missing = missing - (int)above;
+            sm->in_bin = (int)sm->hist[t];
+        }
+        __syncthreads();
+        prefix |= (top_key)sm->byte << shift;
+        mask |= (top_key)255 << shift;
+        missing = sm->missing;
+        const bool whole_bin = sm->in_bin == missing;
+        __syncthreads(); /* everyone has read byte and missing before the next pass */
+        if (whole_bin) break;
+    }
+    /* prefix, its lower bytes 0, is the smallest key taken */
+    if (t == 0) sm->count = 0;
+    __syncthreads();
+    for (int i = t; i < m && found > 0; i += TOP_THREADS) {
+        const top_key k = keys[i];
+        if (k != 0 && k >= prefix) out[atomicAdd(&sm->count, 1)] = k;
+    }
+    __syncthreads();
+    return found;
+}
+
+__global__ void top_logits_kernel(const float *logits, int n_vocab, int slice, int n, top_scratch s, int n_extra) {
+    DYN_SMEM(top_key, keys);
+    __shared__ top_select_smem sm;
+    __shared__ bool last;
+    const int t = (int)threadIdx.x;
+    const int begin = (int)blockIdx.x * slice;
+    const int m = n_vocab - begin < slice ? n_vocab - begin : slice;
+    for (int i = t; i < m; i += TOP_THREADS) {
+        const float v = logits[begin + i];
+        if (isnan(v) || v == INFINITY) atomicMin(s.bad, begin + i);
+        keys[i] = isnan(v) || v == INFINITY || v == -INFINITY ? 0 : key_of(v, begin + i);
+    }
+    __syncthreads();
+    top_key *mine = s.part + (size_t)blockIdx.x * n;
+    const int got = select_top(keys, m, n, mine, &sm);
+    for (int i = got + t; i < n; i += TOP_THREADS) mine[i] = 0;
+    __threadfence();
+    __syncthreads();
+    if (t == 0) last = atomicAdd(s.ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int total = (int)gridDim.x * n;
+    for (int i = t; i < total; i += TOP_THREADS) keys[i] = __ldcg(s.part + i);
+    __syncthreads();
+    const int found = select_top(keys, total, n, s.keys, &sm);
+    for (int i = t; i < n_extra; i += TOP_THREADS) s.extra[i] = logits[s.extra_ids[i]];
+    if (t == 0) {
+        s.meta[0] = found;
+        s.meta[1] = atomicExch(s.bad, INT_MAX);
+        *s.ticket = 0;
+    }
+}
+
+/* A slice for each block such that neither a slice nor all blocks' picks
+ * outgrow shared memory: about sqrt(n_vocab n) each. False when none fits. */
+static bool plan(int n_vocab, int n, int *slice, int *blocks) {
+    int s = n;
+    while ((int64_t)s * s < (int64_t)n_vocab * n) s += TOP_THREADS;
+    if (s > n_vocab) s = n_vocab;
+    *slice = s;
+    *blocks = (n_vocab + s - 1) / s;
+    return s <= TOP_SMEM_KEYS && (int64_t)*blocks * n <= TOP_SMEM_KEYS;
+}
+
+static moe_status make_scratch(top_scratch **out, moe_error *err) {
+    top_scratch *s = (top_scratch *)calloc(1, sizeof *s);
+    if (!s) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    *out = s;
+    const size_t bytes = TOP_SMEM_KEYS * sizeof(top_key) + CUDA_TOP_MAX * sizeof(top_key) +
+                         CUDA_TOP_EXTRA_MAX * (sizeof(float) + sizeof(int)) + 4 * sizeof(int);
+    uint8_t *p;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    s->part = (top_key *)p;
+    s->keys = s->part + TOP_SMEM_KEYS;
+    s->extra = (float *)(s->keys + CUDA_TOP_MAX);
+    s->extra_ids = (int *)(s->extra + CUDA_TOP_EXTRA_MAX);
+    s->meta = s->extra_ids + CUDA_TOP_EXTRA_MAX;
+    s->bad = s->meta + 2;
+    s->ticket = (unsigned *)(s->bad + 1);
+    const int init[4] = {0, INT_MAX, INT_MAX, 0}; /* meta, bad, ticket */
+    CUDA_CHECK(cudaMemcpy(s->meta, init, sizeof init, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaFuncSetAttribute(top_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    TOP_SMEM_KEYS * (int)sizeof(top_key)));
+    return MOE_OK;
+}
+
+static void free_scratch(top_scratch *s) {
+    if (!s) return;
+    cudaFree(s->part);
+    free(s);
+}
+
+void cuda_top_free(cuda_state *st) {
+    free_scratch(st->top);
+    st->top = NULL;
+}
+
+static int by_rank(const void *pa, const void *pb) {
+    const sampler_candidate *a = (const sampler_candidate *)pa, *b = (const sampler_candidate *)pb;
+    if (a->value != b->value) return a->value < b->value ? 1 : -1;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* cuda_top_logits on the n_vocab logits at (device) `logits`, with the
+ * scratch at *scratch (made on first use), on `stream`. */
+static moe_status top_logits(top_scratch **scratch, const float *logits, int n_vocab, cudaStream_t stream, int n,
+                             const int32_t *extra, int n_extra, sampler_candidate *top, int *n_found,
+                             float *extra_logits, moe_error *err) {
+    int slice, blocks;
+    if (n < 1 || n > CUDA_TOP_MAX || n_extra < 0 || n_extra > CUDA_TOP_EXTRA_MAX || !plan(n_vocab, n, &slice, &blocks))
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the GPU selects 1..%d top logits and %d extra (asked %d, %d)",
+                             CUDA_TOP_MAX, CUDA_TOP_EXTRA_MAX, n, n_extra);
+    for (int i = 0; i < n_extra; i++)
+        if (extra[i] < 0 || extra[i] >= n_vocab)
+            return moe_error_set(err, MOE_ERR_RANGE, "token id %d is outside the vocabulary of %d", extra[i], n_vocab);
+    moe_status status = *scratch ? MOE_OK : make_scratch(scratch, err);
+    if (status != MOE_OK) return status;
+    const top_scratch *s = *scratch;
+    if (n_extra)
+        CUDA_CHECK(cudaMemcpyAsync(s->extra_ids, extra, (size_t)n_extra * sizeof(int), cudaMemcpyHostToDevice, stream));
+    const size_t smem = (size_t)(slice > blocks * n ? slice : blocks * n) * sizeof(top_key);
+    LAUNCH(top_logits_kernel, blocks, TOP_THREADS, smem, stream, logits, n_vocab, slice, n, *s, n_extra);
+    CUDA_CHECK(cudaGetLastError());
+    top_key keys[CUDA_TOP_MAX];
+    int meta[2];
+    CUDA_CHECK(cudaMemcpyAsync(keys, s->keys, (size_t)n * sizeof(top_key), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaMemcpyAsync(meta, s->meta, sizeof meta, cudaMemcpyDeviceToHost, stream));
+    if (n_extra)
+        CUDA_CHECK(cudaMemcpyAsync(extra_logits, s->extra, (size_t)n_extra * sizeof(float), cudaMemcpyDeviceToHost,
+                                   stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (meta[1] != INT_MAX)
+        return moe_error_set(err, MOE_ERR_FORMAT, "the logit of token %d is NaN or +inf", meta[1]);
+    for (int i = 0; i < meta[0]; i++) top[i] = sampler_candidate{id_of(keys[i]), value_of(keys[i])};
+    qsort(top, (size_t)meta[0], sizeof *top, by_rank);
+    *n_found = meta[0];
+    return MOE_OK;
+}
+
+moe_status cuda_top_logits(cuda_state *st, int n, const int32_t *extra, int n_extra, sampler_candidate *top,
+                           int *n_found, float *extra_logits, moe_error *err) {
+    return top_logits(&st->top, st->logits, st->m->config.n_vocab, st->stream, n, extra, n_extra, top, n_found,
+                      extra_logits, err);
+}
+
+moe_status cuda_last_logits(cuda_state *st, float *out, moe_error *err) {
+    CUDA_CHECK(cudaMemcpyAsync(out, st->logits, (size_t)st->m->config.n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                               st->stream));
+    CUDA_CHECK(cudaStreamSynchronize(st->stream));
+    return MOE_OK;
+}
+
+moe_status cuda_test_top_logits(const float *logits, int n_vocab, int n, const int32_t *extra, int n_extra,
+                                sampler_candidate *top, int *n_found, float *extra_logits, moe_error *err) {
+    float *d = NULL;
+    top_scratch *scratch = NULL;
+    CUDA_CHECK(cudaMalloc(&d, (size_t)n_vocab * sizeof(float)));
+    moe_status st = MOE_OK;
+    if (cudaMemcpy(d, logits, (size_t)n_vocab * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+        st = moe_error_set(err, MOE_ERR_IO, "copying the logits to the GPU failed");
+    /* twice: the second call finds the ticket and the NaN flag reset by the first */
+    for (int rep = 0; rep < 2 && st == MOE_OK; rep++)
+        st = top_logits(&scratch, d, n_vocab, 0, n, extra, n_extra, top, n_found, extra_logits, err);
+    free_scratch(scratch);
+    cudaFree(d);
+    return st;
+}
