@@ -26,7 +26,8 @@
 #
 # Switches: MOE_QUICK=1 (decode bench only, no 30B test), MOE_LAB=0 (no lab),
 # MOE_TESTS=0 (no correctness tests: measurements only), MOE_NCU=1,
-# MOE_DEADLINE=S (end by S seconds, 525 by default).
+# MOE_DEADLINE=S (end by S seconds, 525 by default), MOE_EXPERIMENT="cmds"
+# (run after the bench with $MOE and $MODEL set; experiment.log).
 set -u
 OUT=${OUT:-/tmp/moe-device-out}
 mkdir -p "$OUT"
@@ -162,6 +163,11 @@ if [ -f "$MODEL" ]; then
         step bench_depth 150 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 512 -n 64 -r 3 -d 4096 --device cuda
         { echo; echo "### depth 4096"; echo; sed -n '/^| model/,$p' "$OUT/bench.log.tmp"; } >>"$OUT/bench.md"
         rm -f "$OUT/bench.log.tmp"
+    fi
+    # MOE_EXPERIMENT="commands": run with $MOE and $MODEL set, output to
+    # experiment.log (an A/B beside the bench without a new script)
+    if [ -n "${MOE_EXPERIMENT:-}" ]; then
+        step experiment 300 "$OUT/experiment.log" env MOE="$MOE" MODEL="$MODEL" bash -c "$MOE_EXPERIMENT"
     fi
     # the kernel lab: each GEMV against a pure read of the same bytes, the
     # expert kernels, launch chains with and without graphs/PDL

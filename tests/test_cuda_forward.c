@@ -30,7 +30,8 @@
  * bf16 models, which have no activation codes, are held to 1e-3 (they
  * agree to ~2e-7) at every position.
  *
- * The batched prefill (cuda_forward with n >= 16; prefill.cu), on the tiny
+ * The batched prefill (cuda_forward with n >= cuda_prefill_min_tokens, 16
+ * to 80; prefill.cu), on the tiny
  * model of every architecture in f32 and q4_k, the Mixtral layout and the
  * small presets:
  *  - logits of every position of a 64-token prompt, run as one batch and
@@ -381,7 +382,11 @@ static void decode_after(cuda_model *g, const model *m, cuda_state *a, const int
 /* The batched prefill of m against the CPU on `exact` (m itself, or its
  * f32 twin), as one batch and split, then decoding after it. */
 static void check_prefill(const model *m, const model *exact, const char *label, int n) {
-    const int vocab = m->config.n_vocab, split = n > 40 ? 40 : n / 2;
+    /* both parts of the split prompt long enough to be batched */
+    const int min = cuda_prefill_min_tokens(m), vocab = m->config.n_vocab;
+    int split = n > 40 ? 40 : n / 2;
+    if (split < min) split = min;
+    if (n < split + min) n = split + min;
     const bool moe = m->config.n_experts > 0;
     int32_t *ids = malloc((size_t)n * sizeof *ids);
     tokens_for(ids, n, vocab, 4321);

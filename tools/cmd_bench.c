@@ -308,7 +308,7 @@ static int bench_cuda_pp(cuda_state *s, const bench_args *a, report *r, const in
     }
     char test[32];
     snprintf(test, sizeof test, "pp%d", a->p);
-    add_row(r, test, cuda_prefill_batched(a->p) ? "(batched, bf16 GEMMs)" : "(token by token)", tps, a->reps, 0);
+    add_row(r, test, cuda_prefill_batched(s, a->p) ? "(batched, bf16 GEMMs)" : "(token by token)", tps, a->reps, 0);
     return 0;
 }
 

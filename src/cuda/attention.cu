@@ -47,7 +47,8 @@ struct attn_shape {
     static constexpr int BATCH = 32 / DPL;
 };
 
-#define ATTN_MAX_G 16 /* query heads per KV head: warps of a block */
+#define ATTN_MAX_G 16      /* query heads per KV head: warps of a block */
+#define ATTN_MAX_SPLITS 128 /* blocks per KV head the merge reads */
 
 /* This lane's DPL dims at p; `mine` is false for the idle lanes of a head
  * narrower than a warp (hd < 32, one dim a lane): zeros, nothing stored. */
@@ -217,18 +218,25 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, int g, int h, i
     const bool mine = d0 < hd;
     const float *part = a.part + ((size_t)g * a.n_splits * G + h) * (hd + 2);
     const size_t stride = (size_t)G * (hd + 2); /* between splits */
-    float ms[2], ls[2];                        /* splits lane and lane + 32 (n <= 64) */
+    constexpr int J = ATTN_MAX_SPLITS / 32;
+    float ms[J], ls[J]; /* splits lane, lane + 32, ... */
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < J; j++) {
         const int s = lane + 32 * j;
         ms[j] = s < n ? __ldcg(part + s * stride) : -INFINITY;
         ls[j] = s < n ? __ldcg(part + s * stride + 1) : 0.0f;
     }
-    const float M = warp_max(fmaxf(ms[0], ms[1]));
-    float f[2];
+    float m_max = ms[0];
 #pragma unroll
-    for (int j = 0; j < 2; j++) f[j] = lane + 32 * j < n ? expf(ms[j] - M) : 0.0f;
-    const float L = warp_sum(ls[0] * f[0] + ls[1] * f[1]);
+    for (int j = 1; j < J; j++) m_max = fmaxf(m_max, ms[j]);
+    const float M = warp_max(m_max);
+    float f[J], l_sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        f[j] = lane + 32 * j < n ? expf(ms[j] - M) : 0.0f;
+        l_sum += ls[j] * f[j];
+    }
+    const float L = warp_sum(l_sum);
     float out[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) out[i] = 0.0f;
@@ -243,7 +251,7 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, int g, int h, i
 #pragma unroll
         for (int j = 0; j < MB; j++) {
             const int s = s0 + j; /* uniform over the warp */
-            const float w = s < n ? __shfl_sync(FULL_MASK, s < 32 ? f[0] : f[1], s & 31) / L : 0.0f;
+            const float w = s < n ? __shfl_sync(FULL_MASK, f[s >> 5], s & 31) / L : 0.0f;
 #pragma unroll
             for (int i = 0; i < DPL; i++) out[i] += w * o[j][i];
         }
@@ -305,12 +313,31 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
 }
 
 /* A lane holds hd / 32 dims (one, or none, below 32), rotary pairs must not straddle lanes unevenly,
- * a block is at most ATTN_MAX_G warps, and the merge reads at most 64 splits. */
+ * a block is at most ATTN_MAX_G warps, and the merge reads at most ATTN_MAX_SPLITS splits. */
 bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits) {
     const int dims_per_lane = hd > 32 ? hd / 32 : 1;
     return ((hd <= 32 && hd % 2 == 0) || hd == 64 || hd == 128 || hd == 256) && n_rot % 2 == 0 &&
            (n_rot / 2) % dims_per_lane == 0 && G >= 1 &&
-           G <= ATTN_MAX_G && n_splits >= 1 && n_splits <= 64;
+           G <= ATTN_MAX_G && n_splits >= 1 && n_splits <= ATTN_MAX_SPLITS;
+}
+
+/* Blocks per KV head: as many as fit on the GPU at once (a long context
+ * is then read by every multiprocessor, several blocks each, so more of
+ * its loads are in flight), at most the merge's ATTN_MAX_SPLITS. Two
+ * blocks a multiprocessor instead of one (Qwen3-30B-A3B: 66 splits of
+ * each of 4 KV heads) took decode at depth 4096 from 256 to 299 tok/s,
+ * tg128 unchanged (bench/results/2026-12-01-s5). */
+int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
+    const int threads = 32 * (n_heads / n_kv);
+    int per_sm = 1;
+    cudaError_t e = cudaSuccess;
+    if (hd <= 32) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<1>, threads, 0);
+    else if (hd == 64) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<2>, threads, 0);
+    else if (hd == 128) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<4>, threads, 0);
+    else e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<8>, threads, 0);
+    if (e != cudaSuccess || per_sm < 1) per_sm = 1;
+    int splits = per_sm * n_sm / n_kv;
+    return splits < 1 ? 1 : splits > ATTN_MAX_SPLITS ? ATTN_MAX_SPLITS : splits;
 }
 
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl) {

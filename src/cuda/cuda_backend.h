@@ -93,7 +93,10 @@ moe_status cuda_top_logits(cuda_state *s, int n, const int32_t *extra, int n_ext
  * build has cuBLAS (the simulator's has not), MOE_CUDA_PREFILL is not 0, and
  * n is large enough to pay for dequantizing the weights (shorter runs are
  * faster as decode steps). Otherwise they go token by token. */
-bool cuda_prefill_batched(int n);
+bool cuda_prefill_batched(const cuda_state *s, int n);
+/* The n from which that pays on model m (MoE models: about 5 x experts /
+ * experts a token, as measured; see prefill.cu). */
+int cuda_prefill_min_tokens(const model *m);
 
 /* ---- measurement hooks (moe bench, tests) */
 

@@ -309,7 +309,7 @@ moe_status cuda_forward(cuda_state *s, const int32_t *tokens, int n, int pos, fl
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= vocab)
             return moe_error_set(err, MOE_ERR_RANGE, "token id %d is outside the vocabulary of %d", tokens[i], vocab);
-    if (cuda_prefill_batched(n)) return cuda_prefill(s, tokens, n, pos, logits, all_logits, err);
+    if (cuda_prefill_batched(s, n)) return cuda_prefill(s, tokens, n, pos, logits, all_logits, err);
     moe_status st = MOE_OK;
     for (int i = 0; i < n && st == MOE_OK; i++) {
         if ((st = set_step(s, tokens[i], pos + i, err)) != MOE_OK || (st = run_step(s, err)) != MOE_OK) break;
@@ -341,7 +341,7 @@ moe_status cuda_decode_greedy(cuda_state *s, int32_t token, int pos, int n, int3
 moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float *ms, moe_error *err) {
     if (n <= 0 || n > s->n_ctx) return moe_error_set(err, MOE_ERR_RANGE, "%d prompt tokens do not fit in %d", n, s->n_ctx);
     moe_status st = MOE_OK;
-    const bool batched = cuda_prefill_batched(n);
+    const bool batched = cuda_prefill_batched(s, n);
     CUDA_CHECK(cudaEventRecord(s->ev[0], s->stream));
     if (batched) st = cuda_prefill(s, tokens, n, 0, NULL, false, err);
     for (int i = 0; !batched && i < n && st == MOE_OK; i++)
@@ -562,10 +562,7 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         s->n_ff_routed = c->n_ff;
         s->h_len = c->n_ff;
     }
-    /* attention splits: about one block per multiprocessor at long contexts (attention.cu) */
-    s->attn_splits = g->n_sm / c->n_kv_heads;
-    if (s->attn_splits > 64) s->attn_splits = 64;
-    if (s->attn_splits < 1) s->attn_splits = 1;
+    s->attn_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim);
     s->max_grid = g->n_sm * 32;
 
     size_t need = 0, free_b = 0, total_b = 0;

@@ -296,6 +296,7 @@ void cuda_router(const gemv_args *a, size_t smem, cudaStream_t st, bool pdl);
 /* Attention (attention.cu). */
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl);
 bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits);
+int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd);
 void cuda_rope_table(const model_config *c, const float *rope_freqs, int n_ctx, float *out);
 
 #endif

@@ -24,12 +24,16 @@
  * GEMM (the format table's dequant, dequant.cuh), which costs a read of
  * the quantized weights and a write and read of bf16 per chunk, small
  * next to the GEMMs' work from T >= 64 on. Experts are dequantized only
- * when some token of the chunk chose them. That cost is why runs of fewer
- * than PREFILL_MIN_TOKENS tokens stay with the decode step: on
- * Qwen3-30B-A3B shapes a decode step takes ~4 ms (bench/results), while
- * the ~50 experts per layer that 8 tokens choose mean ~50 GB of
- * dequantization traffic (~15 ms) and ~5000 small GEMM calls; the
- * crossover is estimated (not measured) near 8-12 tokens.
+ * when some token of the chunk chose them. That cost is why short runs
+ * stay with the decode step: a chunk of a MoE model costs about the same
+ * once most experts are chosen (three dequantizations and GEMM calls per
+ * expert and layer), so the batched prefill pays only from about 5 E / k
+ * tokens on (E experts, k a token). Measured on Qwen3-30B-A3B Q4_K
+ * (bench/results/2026-12-01-s5): 175 ms for 64 tokens and for 128
+ * batched, 2.2 ms a token through the decode step: pp64 366 tok/s batched
+ * against 458 token by token, pp128 731 against 450, so the crossover is
+ * near 80 = 5 x 128 / 8. Dense models go batched from
+ * PREFILL_MIN_TOKENS.
  *
  * Grouping by expert needs the routing on the host (each expert's GEMM
  * has its token count as a dimension): one copy and one stream sync per
@@ -341,9 +345,9 @@ struct prefill_scratch {
 
 /* MOE_CUDA_PREFILL=0 runs prompts through the decode step token by token
  * (to check the decode path on its own). */
-bool cuda_prefill_batched(int n) {
+bool cuda_prefill_batched(const cuda_state *s, int n) {
     const char *v = getenv("MOE_CUDA_PREFILL");
-    return n >= PREFILL_MIN_TOKENS && (!v || v[0] != '0');
+    return n >= cuda_prefill_min_tokens(s->m) && (!v || v[0] != '0');
 }
 
 #define BLAS_CHECK(call)                                                                                               \
@@ -679,8 +683,8 @@ moe_status cuda_prefill(cuda_state *s, const int32_t *tokens, int n, int pos, fl
 
 #else /* the simulator: no cuBLAS */
 
-bool cuda_prefill_batched(int n) {
-    (void)n;
+bool cuda_prefill_batched(const cuda_state *s, int n) {
+    (void)s, (void)n;
     return false;
 }
 
@@ -692,6 +696,14 @@ moe_status cuda_prefill(cuda_state *s, const int32_t *tokens, int n, int pos, fl
 void cuda_prefill_free(cuda_state *s) { (void)s; }
 
 #endif
+
+/* ---------------------------------------------------------------- when to batch */
+
+int cuda_prefill_min_tokens(const model *m) {
+    const model_config *c = &m->config;
+    const int moe_min = c->n_experts ? 5 * c->n_experts / c->n_experts_used : 0; /* see the top */
+    return moe_min > PREFILL_MIN_TOKENS ? moe_min : PREFILL_MIN_TOKENS;
+}
 
 /* ---------------------------------------------------------------- kernel tests */
 
