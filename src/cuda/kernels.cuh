@@ -390,24 +390,52 @@ __device__ __forceinline__ void load_terms(unit_batch<F> &b, const dmat &m, int 
     }
 }
 
+/* The first TERM_BATCHES batches of a row of terms, loaded before the
+ * wait: the experts' down rows (8 x 768 Q4_K: six units a lane, two
+ * batches) then need no load round trip after it. */
+#define TERM_BATCHES 2
+template <class F>
+struct term_batches {
+    unit_batch<F> b[TERM_BATCHES];
+};
+
+template <class F, class IdOf>
+__device__ __forceinline__ void load_first_terms(term_batches<F> &f, const dmat &m, int row, int T, IdOf id_of, int sub,
+                                                 int L) {
+#pragma unroll
+    for (int i = 0; i < TERM_BATCHES; i++) load_terms<F>(f.b[i], m, row, T, id_of, sub + i * L * F::N, L);
+}
+
+/* One batch of terms (units t0, t0 + L, ...) against the activation. */
+template <class F>
+__device__ __forceinline__ float dot_term_batch(const unit_batch<F> &b, int t0, int U, int total, const float *w,
+                                                int act_stride, const act_view &a, int L) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int k = 0; k < F::N; k++) {
+        const int t = t0 + k * L;
+        if (t < total) {
+            const int j = t / U;
+            acc += w[j] * F::dot(b.r[k], a, j * act_stride, t - j * U);
+        }
+    }
+    return acc;
+}
+
 template <class F>
 __device__ __forceinline__ float dot_terms(const dmat &m, int row, int T, const int *ids, const float *w,
                                            int act_stride, const act_view &a, int L, int sub,
-                                           const unit_batch<F> *first = NULL) {
-    const int U = m.units, total = T * U;
+                                           const term_batches<F> *first = NULL) {
+    const int U = m.units, total = T * U, step = L * F::N;
     float acc = 0.0f;
-        for (int t0 = sub; t0 < total; t0 += L * F::N) {
-        unit_batch<F> b;
-        if (first && t0 == sub) b = *first;
-        else load_terms<F>(b, m, row, T, [&](int j) { return ids ? ids[j] : 0; }, t0, L);
+    int t0 = sub;
+    if (first) /* unrolled: the batches stay in registers */
 #pragma unroll
-        for (int k = 0; k < F::N; k++) {
-            int t = t0 + k * L;
-            if (t < total) {
-                int j = t / U;
-                acc += w[j] * F::dot(b.r[k], a, j * act_stride, t - j * U);
-            }
-        }
+        for (int i = 0; i < TERM_BATCHES; i++, t0 += step) acc += dot_term_batch<F>(first->b[i], t0, U, total, w, act_stride, a, L);
+    for (; t0 < total; t0 += step) {
+        unit_batch<F> b;
+        load_terms<F>(b, m, row, T, [&](int j) { return ids ? ids[j] : 0; }, t0, L);
+        acc += dot_term_batch<F>(b, t0, U, total, w, act_stride, a, L);
     }
     return acc;
 }
@@ -506,6 +534,17 @@ __device__ __forceinline__ void route_on_device(const gemv_args &a, float *p) {
  * template parameter so that the plain products carry no routing or argmax
  * code: a kernel's code is fetched from memory at every layer (the weights
  * stream through L2), and small code starts sooner. */
+/* Rows a warp visits up to which gemv_kernel prefetches the next row
+ * rather than keep the activation in registers, for the formats that opt
+ * in with row_ahead (moe lab, Q4_K: the 4096 x 2048 projection 5.1 -> 4.8
+ * us; the head's 36 rows a warp would go 56 -> 64 us; Q6_K and Q5_K got
+ * no faster and Q6_K spilled registers). */
+#define FEW_ROWS 4
+template <class F>
+struct row_ahead {
+    static constexpr bool value = false;
+};
+
 template <class F, int EPI>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     DYN_SMEM(uint8_t, smem);
@@ -534,30 +573,49 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     float best = -INFINITY;
     int best_row = 0x7fffffff;
+    /* a row's lanes' partial sums: the group's sum to the output (every lane calls it) */
+    auto finish_row = [&](int row, float acc) {
+        acc = group_sum(acc, L);
+        if (row >= total || sub != 0) return;
+        int s, r;
+        locate(row, &s, &r);
+        const gemv_seg &sg = a.seg[s];
+        if (sg.bias) acc += sg.bias[r];
+        if (sg.accumulate) acc += sg.out[r];
+        sg.out[r] = acc;
+        if (acc > best || (acc == best && r < best_row)) best = acc, best_row = r;
+    };
     /* row by row with `dot_row(w, r, pre)`, the first row from `first` */
     auto run = [&](auto dot_row) {
         auto do_row = [&](int base, const unit_batch<F> *pre) {
             const int row = base + grp;
-            const bool valid = row < total;
             int s = 0, r = 0;
-            float acc = 0.0f;
-            if (valid) {
-                locate(row, &s, &r);
-                acc = dot_row(a.seg[s].w, r, pre);
-            }
-            acc = group_sum(acc, L);
-            if (valid && sub == 0) {
-                const gemv_seg &sg = a.seg[s];
-                if (sg.bias) acc += sg.bias[r];
-                if (sg.accumulate) acc += sg.out[r];
-                sg.out[r] = acc;
-                if (acc > best || (acc == best && r < best_row)) best = acc, best_row = r;
-            }
+            if (row < total) locate(row, &s, &r);
+            finish_row(row, row < total ? dot_row(a.seg[s].w, r, pre) : 0.0f);
         };
         for_each_row(start, stride, total, first, do_row);
     };
     const int U = a.seg[0].w.units; /* every segment multiplies the same input */
-    if (U <= L * F::N) { /* one batch a row: the same units in every row */
+    if (row_ahead<F>::value && U <= L * F::N && total <= FEW_ROWS * stride) {
+        /* One batch a row, a few rows a warp (the layers' projections):
+         * each row's batch is loaded before the row before is multiplied,
+         * so that one is always in flight. The activation is read from
+         * shared memory: two batches leave no registers for it, and for
+         * a row or two loading it into registers does not pay. */
+        unit_batch<F> b = first;
+        for (int base = start; base < total; base += stride) {
+            const int row = base + grp, ahead = row + stride;
+            unit_batch<F> next;
+            if (ahead < total) {
+                int s, r;
+                locate(ahead, &s, &r);
+                const dmat &w = a.seg[s].w;
+                load_batch<F>(next, w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, U, sub, L);
+            }
+            finish_row(row, row < total ? dot_batch<F>(b, U, sub, L, av, 0) : 0.0f);
+            b = next;
+        }
+    } else if (U <= L * F::N) { /* one batch a row, many rows (the output head): the activation in registers */
         act_batch<F> x;
         load_acts<F>(x, av, 0, U, sub, L);
         run([&](const dmat &w, int r, const unit_batch<F> *pre) {
@@ -698,15 +756,15 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     /* The ids were written by the router two launches back, which finished
      * before the launch before this one passed its own wait: they may be
      * read before this launch's wait, and so may the first rows. */
-    unit_batch<F> first;
+    term_batches<F> first;
     if (start + grp < total) {
         if (a.n_routed)
-            load_terms<F>(first, a.down, start + grp, a.n_routed,
-                          [&](int j) { return a.ids ? __ldcg(a.ids + j) : 0; }, sub, L);
+            load_first_terms<F>(first, a.down, start + grp, a.n_routed,
+                                [&](int j) { return a.ids ? __ldcg(a.ids + j) : 0; }, sub, L);
         else {
             const dmat &m = a.sh_down;
             const int row = start + grp;
-            load_batch<F>(first, m.body + (int64_t)row * m.row_stride, m.meta + (int64_t)row * m.meta_row_stride,
+            load_batch<F>(first.b[0], m.body + (int64_t)row * m.row_stride, m.meta + (int64_t)row * m.meta_row_stride,
                           m.units, sub, L);
         }
     }
@@ -719,7 +777,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
     stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
-    auto do_row = [&](int base, const unit_batch<F> *pre) {
+    auto do_row = [&](int base, const term_batches<F> *pre) {
         const int row = base + grp;
         const bool valid = row < total;
         float acc = 0.0f;
@@ -730,7 +788,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
             const uint8_t *body = m.body + (int64_t)row * m.row_stride, *meta = m.meta + (int64_t)row * m.meta_row_stride;
             /* `first` holds the shared expert's row only when no routed one came first */
             acc += sh_weight * (a.n_routed || !pre ? dot_units<F>(body, meta, m.units, av, a.shared_act_off, L, sub)
-                                                   : dot_units<F>(body, meta, m.units, av, a.shared_act_off, L, sub, pre));
+                                                   : dot_units<F>(body, meta, m.units, av, a.shared_act_off, L, sub,
+                                                                  &pre->b[0]));
         }
         acc = group_sum(acc, L);
         if (valid && sub == 0) a.x[row] += acc;

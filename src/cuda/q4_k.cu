@@ -64,4 +64,9 @@ struct fmt_q4_k {
     }
 };
 
+template <>
+struct row_ahead<fmt_q4_k> {
+    static constexpr bool value = true;
+};
+
 DEFINE_CUDA_FORMAT(fmt_q4_k, q4_k)
