@@ -534,9 +534,9 @@ __device__ __forceinline__ void route_on_device(const gemv_args &a, float *p) {
  * template parameter so that the plain products carry no routing or argmax
  * code: a kernel's code is fetched from memory at every layer (the weights
  * stream through L2), and small code starts sooner. */
-/* Rows a warp visits up to which gemv_kernel and ffn_up_kernel prefetch
- * the next row rather than keep the activation in registers, for the
- * formats that opt in with row_ahead (moe lab, Q4_K: the 4096 x 2048 projection 5.1 -> 4.8
+/* Rows a warp visits up to which gemv_kernel prefetches the next row
+ * rather than keep the activation in registers, for the formats that opt
+ * in with row_ahead (moe lab, Q4_K: the 4096 x 2048 projection 5.1 -> 4.8
  * us; the head's 36 rows a warp would go 56 -> 64 us; Q6_K and Q5_K got
  * no faster and Q6_K spilled registers). */
 #define FEW_ROWS 4
@@ -678,9 +678,10 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     const int R = a.gate.rows, routed_rows = a.n_routed * R;
     const int total = routed_rows + (a.has_shared ? a.sh_gate.rows : 0);
     const int start = (blockIdx.x * GEMV_WARPS + warp) * G, stride = gridDim.x * GEMV_WARPS * G;
-    /* row -> the gate and up rows it multiplies */
+    /* row -> the gate and up rows it multiplies and where h goes */
     struct pair_rows {
         const uint8_t *gb, *gm, *ub, *um;
+        int out;
     };
     auto locate = [&](int row) {
         const bool routed = row < routed_rows;
@@ -692,6 +693,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         p.gm = mg.meta + e * mg.meta_expert_stride + (int64_t)r * mg.meta_row_stride;
         p.ub = mu.body + e * mu.expert_stride + (int64_t)r * mu.row_stride;
         p.um = mu.meta + e * mu.meta_expert_stride + (int64_t)r * mu.meta_row_stride;
+        p.out = routed ? row : a.h_shared_off + r;
         return p;
     };
     const int U = a.n_routed ? a.gate.units : a.sh_gate.units;
@@ -706,43 +708,25 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     }
     stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
-    /* a row's lanes' partial gate and up sums to h (every lane calls it) */
-    auto finish_row = [&](int row, float g, float u) {
-        g = group_sum(g, L);
-        u = group_sum(u, L);
-        const int out = row < routed_rows ? row : a.h_shared_off + row - routed_rows;
-        if (row < total && sub == 0) a.h[out] = g / (1.0f + expf(-g)) * u; /* cpu_swiglu */
-    };
     auto run = [&](auto dot_pair) {
         auto do_row = [&](int base, const pair_batch<F> *pre) {
             const int row = base + grp;
+            const bool valid = row < total;
             float g = 0.0f, u = 0.0f;
-            if (row < total) dot_pair(locate(row), pre, &g, &u);
-            finish_row(row, g, u);
+            int out = 0;
+            if (valid) {
+                const pair_rows p = locate(row);
+                out = p.out;
+                dot_pair(p, pre, &g, &u);
+            }
+            g = group_sum(g, L);
+            u = group_sum(u, L);
+            if (valid && sub == 0) a.h[out] = g / (1.0f + expf(-g)) * u; /* cpu_swiglu */
         };
         for_each_row(start, stride, total, first, do_row);
     };
     constexpr int NP = pair_batch<F>::NP;
-    if (row_ahead<F>::value && U <= L * NP && total <= FEW_ROWS * stride) {
-        /* a few rows a warp: the next row's pair in flight while this one
-         * is multiplied, the activation from shared memory (as gemv_kernel) */
-        pair_batch<F> b = first;
-        for (int base = start; base < total; base += stride) {
-            const int row = base + grp, ahead = row + stride;
-            pair_batch<F> next;
-            if (ahead < total) {
-                const pair_rows p = locate(ahead);
-                load_pair<F>(next, p.gb, p.gm, p.ub, p.um, U, sub, L);
-            }
-            float g = 0.0f, u = 0.0f;
-            if (row < total) {
-                g = dot_batch<F, NP>(b.a, U, sub, L, av, 0);
-                u = dot_batch<F, NP>(b.b, U, sub, L, av, 0);
-            }
-            finish_row(row, g, u);
-            b = next;
-        }
-    } else if (U <= L * NP) { /* one batch a row: the activation in registers */
+    if (U <= L * NP) { /* one batch a row: the activation in registers */
         act_batch<F, NP> x;
         load_acts<F, NP>(x, av, 0, U, sub, L);
         run([&](const pair_rows &p, const pair_batch<F> *pre, float *g, float *u) {
