@@ -10,7 +10,7 @@
  * goes through shared memory: no block barrier until the merge.
  *
  * The position comes from device memory, so ranges are cut on the device:
- * chunk = max(sqrt(pos + 1) in whole batches, ceil((pos + 1) / S)), and
+ * chunk = max(sqrt((pos + 1) / 2) in whole batches, ceil((pos + 1) / S)), and
  * blocks past the end return at once; one launch serves every position
  * and lives in the CUDA graph.
  * A warp walks its range in batches of BATCH positions whose key and value
@@ -272,9 +272,10 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
      * wait: the range's rows are pulled into L2 while that launch runs. */
     const int pos = __ldcg(a.step + 1), n_pos = pos + 1;
     /* A block walks chunk / B batches, the merge about n_active / 8 rounds
-     * of loads: a chunk of about sqrt(n_pos) balances the two (at 513
-     * positions 65 one-batch splits took 19.3 us, 33 two-batch ones 15.4). */
-    const int balanced = ((int)ceilf(sqrtf((float)n_pos)) + B - 1) / B * B;
+     * of loads: a chunk near sqrt(n_pos / 2), in whole batches, balances
+     * the two (at 513 positions 65 one-batch splits took 19.3 us, 33
+     * two-batch ones 15.4, 22 three-batch ones 15.6). */
+    const int balanced = max(B, (int)sqrtf(0.5f * (float)n_pos) / B * B);
     const int chunk = max(balanced, (n_pos + S - 1) / S), n_active = (n_pos + chunk - 1) / chunk;
     const int start = split * chunk, end = min(start + chunk, n_pos);
     const int lines = (hd * (int)sizeof(float) + 127) / 128; /* of a head's key (or value) row */
