@@ -284,7 +284,15 @@ typedef struct lab_row {
     cuda_lab_timing t;
 } lab_row;
 
-enum { N_CHAINS = 3 };
+enum { N_CHAINS = 3, N_TOPS = 5, TOP_VOCAB = 151936 };
+
+/* The sampling rows: the top n logits (and n_extra penalised) to the host,
+ * n = 0: all of them. */
+typedef struct top_row {
+    const char *what;
+    int n, n_extra;
+    double us;
+} top_row;
 
 typedef struct chain_row {
     const char *what;
@@ -299,6 +307,7 @@ typedef struct lab_report {
     lab_row gemv[N_LAB_TYPES * N_SHAPES], experts[N_LAB_TYPES * 2];
     int n_gemv, n_experts;
     chain_row chains[N_CHAINS];
+    top_row tops[N_TOPS];
     int failures;
 } lab_report;
 
@@ -350,6 +359,12 @@ static void print_markdown(const lab_report *r) {
         printf("| %s | %d x %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", c->what, c->blocks, c->threads, c->c.plain_us,
                c->c.graph_us, c->c.pdl_us, c->c.barrier_us, c->c.acq_rel_barrier_us);
     }
+    printf("\n### Sampling: what a token pays to bring logits to the host (%d logits)\n\n", TOP_VOCAB);
+    printf("| what | top n | penalised | us per token |\n| --- | ---: | ---: | ---: |\n");
+    for (int i = 0; i < N_TOPS; i++)
+        printf("| %s | %d | %d | %.1f |\n", r->tops[i].what, r->tops[i].n, r->tops[i].n_extra, r->tops[i].us);
+    printf("\nSampling rows: cuda_top_logits (one launch, the copies back, a stream sync) or, for every logit, "
+           "the copy and the sync; the median on the host's clock of %d calls after a warm-up.\n", r->reps);
     printf("\nTimes: median of %d replays after a warm-up replay of a CUDA graph of max(copies, 8) launches, "
            "between two CUDA events, divided by its launches, so a launch's time includes the graph's gap before the "
            "next kernel (no PDL). Each launch reads the next of `copies` copies of the weights (at least "
@@ -396,11 +411,17 @@ static void print_json(const lab_report *r) {
                                                 c->c.pdl_us, "grid_barrier_us", c->c.barrier_us,
                                                 "acq_rel_barrier_us", c->c.acq_rel_barrier_us));
     }
-    json_t *root = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:o, s:o}", "device", r->device, "sms",
+    json_t *tops = json_array();
+    for (int i = 0; i < N_TOPS; i++)
+        json_array_append_new(tops, json_pack("{s:s, s:i, s:i, s:i, s:f}", "what", r->tops[i].what, "vocab", TOP_VOCAB,
+                                              "top", r->tops[i].n, "penalised", r->tops[i].n_extra, "us",
+                                              r->tops[i].us));
+    json_t *root = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:o, s:o, s:o}", "device", r->device, "sms",
                              r->n_sm, "repetitions", r->reps, "read_bandwidth_gbps", r->bw_median,
                              "read_bandwidth_min", r->bw_min, "read_bandwidth_max", r->bw_max, "bandwidth_buffer_gib",
                              LAB_BW_GIB, "tolerance", LAB_TOLERANCE, "gemv", json_of_rows(r, r->gemv, r->n_gemv),
-                             "experts", json_of_rows(r, r->experts, r->n_experts), "launch_chain", chains);
+                             "experts", json_of_rows(r, r->experts, r->n_experts), "launch_chain", chains,
+                             "sampling", tops);
     json_dumpf(root, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
     printf("\n");
     json_decref(root);
@@ -482,6 +503,20 @@ static moe_status measure_chains(lab_report *r, moe_error *err) {
     return MOE_OK;
 }
 
+static moe_status measure_tops(lab_report *r, moe_error *err) {
+    const top_row rows[N_TOPS] = {{"greedy", 1, 0, 0},
+                                  {"top-k 40", 40, 0, 0},
+                                  {"top-k 40, 64 tokens penalised", 104, 64, 0},
+                                  {"top-k 512", 512, 0, 0},
+                                  {"every logit", 0, 0, 0}};
+    for (int i = 0; i < N_TOPS; i++) {
+        r->tops[i] = rows[i];
+        moe_status st = cuda_lab_top_logits(TOP_VOCAB, rows[i].n, rows[i].n_extra, r->reps, &r->tops[i].us, err);
+        if (st != MOE_OK) return st;
+    }
+    return MOE_OK;
+}
+
 /* Every variant of one weight type: the three matrices, then the experts. */
 static moe_status measure_type(lab_report *r, moe_type type, thread_pool *threads, progress *bar, uint64_t *rng,
                                moe_error *err) {
@@ -513,6 +548,7 @@ static int run_lab(const lab_args *a) {
     if (st == MOE_OK) st = measure_bandwidth(r, &err);
     for (int t = 0; t < a->n_types && st == MOE_OK; t++) st = measure_type(r, a->types[t], threads, bar, &rng, &err);
     if (st == MOE_OK) st = measure_chains(r, &err);
+    if (st == MOE_OK) st = measure_tops(r, &err);
     progress_add(bar, 2);
     progress_finish(bar);
     int status = st == MOE_OK ? 0 : cli_fail("lab", &err);
@@ -545,7 +581,9 @@ static void print_help(void) {
            "    8 of them a launch by ids in device memory that change every launch;\n"
            "  - a chain of 1000 dependent launches (1 x 32, 3 blocks per SM x 256 and\n"
            "    1 per SM x 512 threads): plain on a stream, as one graph, as a graph with\n"
-           "    PDL, and as one resident kernel whose links are parted by grid barriers.\n"
+           "    PDL, and as one resident kernel whose links are parted by grid barriers;\n"
+           "  - sampling: the top 1, 40, 104 (64 penalised) and 512 of 151936 logits\n"
+           "    brought to the host (cuda_top_logits), beside copying all of them.\n"
            "Weights are copied on the GPU until the copies exceed four times its L2 and\n"
            "every launch reads the next copy, so the figures are DRAM's. A variant whose\n"
            "worst |gpu - cpu| / sum |w x| is over 1e-5 is marked FAIL, is not timed, and\n"

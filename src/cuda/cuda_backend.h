@@ -227,6 +227,11 @@ moe_status cuda_lab_gemv(moe_type type, int rows, int cols, const void *w, int r
 moe_status cuda_lab_experts(moe_type type, int n_experts, int k, int n_ff, int n_embd, const void *gate, const void *up,
                             const void *down, int reps, cuda_lab_timing *up_out, cuda_lab_timing *down_out,
                             moe_error *err);
+/* What a sampled token pays to bring the top n of n_vocab logits (and
+ * n_extra penalised ones) to the host (cuda_top_logits: launch, copies,
+ * sync), or with n = 0 all of the logits: the median host-clock
+ * microseconds of reps calls after a warm-up. */
+moe_status cuda_lab_top_logits(int n_vocab, int n, int n_extra, int reps, double *us, moe_error *err);
 /* A chain of `launches` dependent kernels of blocks x threads. */
 moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps, cuda_lab_chain *out, moe_error *err);
 

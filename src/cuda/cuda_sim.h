@@ -167,6 +167,19 @@ template <class T> static inline T __shfl_down_sync(unsigned, T v, int delta, in
     return sim_shfl(v, src);
 }
 
+/* The lanes whose v equals this lane's: every lane posts its value, the
+ * warp meets, every lane reads all 32 (two warp barriers, not 32 shuffles). */
+template <class T> static inline unsigned __match_any_sync(unsigned, T v) {
+    static T posted[32][32]; /* [warp][lane]: blocks run one at a time */
+    const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
+    posted[warp][lane] = v;
+    sim_syncwarp();
+    unsigned same = 0;
+    for (int src = 0; src < 32; src++) same |= (posted[warp][src] == v ? 1u : 0u) << src;
+    sim_syncwarp();
+    return same;
+}
+
 /* ---------------------------------------------------------------- intrinsics */
 
 template <class T> static inline T atomicAdd(T *p, T v) { T old = *p; *p = old + v; return old; }
@@ -185,6 +198,7 @@ static inline int __float2int_rn(float f) { return (int)nearbyintf(f); }
 
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int __ffs(unsigned x) { return __builtin_ffs((int)x); }
 static inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
     return c;

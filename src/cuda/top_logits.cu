@@ -21,6 +21,7 @@
  */
 #include <limits.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "cuda/cuda_internal.h"
 
@@ -61,8 +62,42 @@ static int32_t id_of(top_key k) { return (int32_t)~(unsigned)k; }
 struct top_select_smem {
     unsigned hist[TOP_THREADS];
     unsigned at_least[TOP_THREADS]; /* keys matching the prefix whose next byte is >= the bin */
+    unsigned warp_total[TOP_THREADS / 32];
     int byte, missing, in_bin, count;
 };
+
+/* One pass's histogram of the next byte (at shift) of the keys matching
+ * prefix. Keys of nearby values share their top bytes, so most of a pass
+ * lands in a few bins: the lanes of a warp with the same byte add once. */
+__device__ void byte_histogram(const top_key *keys, int m, top_key prefix, top_key mask, int shift,
+                               top_select_smem *sm) {
+    const int t = (int)threadIdx.x, lane = t & 31;
+    for (int i0 = t - lane; i0 < m; i0 += TOP_THREADS) { /* whole warps: the match below needs every lane */
+        const int i = i0 + lane;
+        const top_key k = i < m ? keys[i] : 0;
+        const bool counted = k != 0 && (k & mask) == prefix;
+        const int byte = counted ? (int)((k >> shift) & 255) : -1 - lane; /* the others match no one */
+        const unsigned same = __match_any_sync(FULL_MASK, byte);
+        if (counted && lane == __ffs(same) - 1) atomicAdd(&sm->hist[byte], (unsigned)__popc(same));
+    }
+}
+
+/* at_least[b] = hist[b] + hist[b + 1] + ...: a warp's 32 bins by
+ * shuffles, then the totals of the warps above. */
+__device__ void suffix_sums(top_select_smem *sm) {
+    const int t = (int)threadIdx.x, lane = t & 31, warp = t >> 5;
+    unsigned v = sm->hist[t];
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const unsigned above = __shfl_down_sync(FULL_MASK, v, off);
+        if (lane + off < 32) v += above;
+    }
+    if (lane == 0) sm->warp_total[warp] = v;
+    __syncthreads();
+    for (int w = warp + 1; w < TOP_THREADS / 32; w++) v += sm->warp_total[w];
+    sm->at_least[t] = v;
+    __syncthreads();
+}
 
 /* The n largest non-zero keys of keys[0..m) (shared memory) to out[0..)
  * in no particular order; returns how many (fewer than n only when fewer
@@ -81,19 +116,9 @@ __device__ int select_top(const top_key *keys, int m, int n, top_key *out, top_s
     for (int shift = 56; shift >= 0 && missing > 0; shift -= 8) {
         sm->hist[t] = 0;
         __syncthreads();
-        for (int i = t; i < m; i += TOP_THREADS) {
-            const top_key k = keys[i];
-            if (k != 0 && (k & mask) == prefix) atomicAdd(&sm->hist[(k >> shift) & 255], 1u);
-        }
+        byte_histogram(keys, m, prefix, mask, shift, sm);
         __syncthreads();
-        sm->at_least[t] = sm->hist[t];
-        for (int step = 1; step < TOP_THREADS; step <<= 1) {
-            __syncthreads();
-            const unsigned add = t + step < TOP_THREADS ? sm->at_least[t + step] : 0u;
-            __syncthreads();
-            sm->at_least[t] += add;
-        }
-        __syncthreads();
+        suffix_sums(sm);
         const unsigned above = t + 1 < TOP_THREADS ? sm->at_least[t + 1] : 0u;
         if (sm->at_least[t] >= (unsigned)missing && above < (unsigned)missing) {
             sm->byte = t;
@@ -265,5 +290,61 @@ moe_status cuda_test_top_logits(const float *logits, int n_vocab, int n, const i
         st = top_logits(&scratch, d, n_vocab, 0, n, extra, n_extra, top, n_found, extra_logits, err);
     free_scratch(scratch);
     cudaFree(d);
+    return st;
+}
+
+/* ---------------------------------------------------------------- the lab */
+
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+static int cmp_us(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+moe_status cuda_lab_top_logits(int n_vocab, int n, int n_extra, int reps, double *us, moe_error *err) {
+    if (reps < 1 || reps > CUDA_LAB_MAX_REPS || n_vocab < 1 || n < 0 || n_extra < 0 || n_extra > CUDA_TOP_EXTRA_MAX)
+        return moe_error_set(err, MOE_ERR_RANGE, "lab: top logits of %d (%d extra, %d reps)", n, n_extra, reps);
+    float *host = (float *)malloc((size_t)n_vocab * sizeof(float)), *extra_logits = (float *)malloc(CUDA_TOP_EXTRA_MAX * sizeof(float));
+    int32_t *extra = (int32_t *)malloc(CUDA_TOP_EXTRA_MAX * sizeof(int32_t));
+    sampler_candidate *top = (sampler_candidate *)malloc(CUDA_TOP_MAX * sizeof(sampler_candidate));
+    double *t = (double *)malloc((size_t)reps * sizeof(double));
+    float *d = NULL;
+    top_scratch *scratch = NULL;
+    cudaStream_t stream = NULL;
+    moe_status st = host && extra_logits && extra && top && t ? MOE_OK : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    for (int i = 0; st == MOE_OK && i < n_vocab; i++) { /* logits spread like a model's: a sum of 4 uniforms */
+        float v = 0;
+        for (int j = 0; j < 4; j++) rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17, v += (float)(rng >> 40) * 0x1.0p-24f;
+        host[i] = 4.0f * (v - 2.0f);
+    }
+    for (int i = 0; st == MOE_OK && i < n_extra; i++) extra[i] = (int32_t)((i * 2654435761u) % (unsigned)n_vocab);
+    if (st == MOE_OK && (cudaMalloc(&d, (size_t)n_vocab * sizeof(float)) != cudaSuccess ||
+                         cudaMemcpy(d, host, (size_t)n_vocab * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess ||
+                         cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess))
+        st = moe_error_set(err, MOE_ERR_IO, "lab: the logits could not go to the GPU");
+    int found = 0;
+    for (int r = -1; r < reps && st == MOE_OK; r++) { /* r = -1: the warm-up makes the scratch */
+        const double t0 = now_us();
+        if (n > 0)
+            st = top_logits(&scratch, d, n_vocab, stream, n, extra, n_extra, top, &found, extra_logits, err);
+        else if (cudaMemcpyAsync(host, d, (size_t)n_vocab * sizeof(float), cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+                 cudaStreamSynchronize(stream) != cudaSuccess)
+            st = moe_error_set(err, MOE_ERR_IO, "lab: copying the logits back failed");
+        if (r >= 0) t[r] = now_us() - t0;
+    }
+    if (st == MOE_OK) {
+        qsort(t, (size_t)reps, sizeof *t, cmp_us);
+        *us = t[reps / 2];
+    }
+    free_scratch(scratch);
+    if (stream) cudaStreamDestroy(stream);
+    cudaFree(d);
+    free(host), free(extra_logits), free(extra), free(top), free(t);
     return st;
 }
