@@ -474,8 +474,9 @@ static void check_top(int n_vocab, int n, int n_extra) {
 
 /* The GPU's top logits (cuda_top_logits, what sampling on the device
  * reads) against a full sort by the sampler's ranking: same ids, same
- * values, same order; the extra ids' logits bit for bit; a NaN or +inf
- * logit reported by its lowest id; nothing finite, nothing found. */
+ * values, same order; -0 and +0 one value; the extra ids' logits bit for
+ * bit; a NaN or +inf logit reported by its lowest id; nothing finite,
+ * nothing found. */
 static void test_top_logits(void) {
     const int cases[][3] = {{1, 1, 0}, {7, 40, 3}, {1000, 1, 0}, {1000, 104, 64}, {4099, 512, 10},
                             {151936, 40, 0}, {151936, 104, 64}, {151936, 1, 5}, {262144, 300, 0}};
@@ -485,6 +486,9 @@ static void test_top_logits(void) {
     sampler_candidate top[8];
     int found = -1;
     moe_error err = {0};
+    for (int i = 0; i < N; i++) l[i] = i % 3 ? 0.0f : -0.0f; /* one value to the sampler: the lowest ids win */
+    CHECK(cuda_test_top_logits(l, N, 8, NULL, 0, top, &found, NULL, &err) == MOE_OK && found == 8);
+    for (int i = 0; i < 8; i++) CHECKF(top[i].id == i, "signed zeros: place %d holds token %d", i, top[i].id);
     for (int i = 0; i < N; i++) l[i] = -INFINITY;
     CHECK(cuda_test_top_logits(l, N, 8, NULL, 0, top, &found, NULL, &err) == MOE_OK && found == 0);
     l[4321] = NAN, l[777] = INFINITY, l[10] = 1.0f;

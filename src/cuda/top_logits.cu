@@ -42,8 +42,9 @@ struct top_scratch {
     unsigned *ticket;
 };
 
+/* -0 and +0 are one value to the sampler (ties broken by id): one key. */
 __device__ __forceinline__ top_key key_of(float v, int id) {
-    const unsigned bits = __float_as_uint(v);
+    const unsigned bits = v == 0.0f ? 0u : __float_as_uint(v);
     const unsigned ordered = bits & 0x80000000u ? ~bits : bits | 0x80000000u;
     return (top_key)ordered << 32 | (unsigned)~id;
 }
