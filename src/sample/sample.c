@@ -250,19 +250,26 @@ static bool penalties_on(const sampler_params *p) {
 }
 
 /* A token may sit in the window many times but is penalised once: its count
- * is negated while it is done and restored afterwards. O(window). */
-static void apply_penalties(sampler *s, float *logits) {
-    const sampler_params *p = &s->params;
-    if (!penalties_on(p)) return;
-    for (int32_t i = 0; i < s->window_len; i++) {
-        const int32_t token = s->window[i], count = s->counts[token];
-        if (count <= 0) continue;
-        logits[token] = penalize(logits[token], count, p);
-        s->counts[token] = -count;
-    }
+ * is negated while it is listed and restored afterwards. O(window). */
+int32_t sampler_penalized_tokens(sampler *s, int32_t *ids) {
+    if (!penalties_on(&s->params)) return 0;
+    int32_t n = 0;
     for (int32_t i = 0; i < s->window_len; i++) {
         const int32_t token = s->window[i];
-        if (s->counts[token] < 0) s->counts[token] = -s->counts[token];
+        if (s->counts[token] <= 0) continue;
+        ids[n++] = token;
+        s->counts[token] = -s->counts[token];
+    }
+    for (int32_t i = 0; i < n; i++) s->counts[ids[i]] = -s->counts[ids[i]];
+    return n;
+}
+
+/* s->ids is free scratch until the candidates are gathered. */
+static void apply_penalties(sampler *s, float *logits) {
+    const int32_t n = sampler_penalized_tokens(s, s->ids);
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t token = s->ids[i];
+        logits[token] = penalize(logits[token], s->counts[token], &s->params);
     }
 }
 
@@ -578,19 +585,6 @@ int32_t sampler_top_needed(const sampler *s) {
     return k < s->n_vocab - changed ? k + changed : s->n_vocab;
 }
 
-int32_t sampler_penalized_tokens(sampler *s, int32_t *ids) {
-    if (!penalties_on(&s->params)) return 0;
-    int32_t n = 0;
-    for (int32_t i = 0; i < s->window_len; i++) {
-        const int32_t token = s->window[i];
-        if (s->counts[token] <= 0) continue;
-        ids[n++] = token;
-        s->counts[token] = -s->counts[token];
-    }
-    for (int32_t i = 0; i < n; i++) s->counts[ids[i]] = -s->counts[ids[i]];
-    return n;
-}
-
 /* Offers one of sampler_sample_top's logits to s->pairs. */
 static moe_status offer_logit(sampler *s, size_t *n, int32_t id, float logit) {
     if (isnan(logit) || logit == INFINITY)
@@ -607,8 +601,7 @@ int32_t sampler_sample_top(sampler *s, const sampler_candidate *top, int32_t n_t
     moe_status st = MOE_OK;
     for (int32_t i = 0; i < n_pen && st == MOE_OK; i++) {
         const int32_t id = s->ids[i];
-        const float x = penalized_logits[i];
-        st = offer_logit(s, &n, id, isfinite(x) ? penalize(x, s->counts[id], p) : x);
+        st = offer_logit(s, &n, id, penalize(penalized_logits[i], s->counts[id], p)); /* as apply_penalties */
     }
     for (int32_t i = 0; i < n_top && st == MOE_OK; i++)
         if (n_pen == 0 || s->counts[top[i].id] == 0) st = offer_logit(s, &n, top[i].id, top[i].value);
