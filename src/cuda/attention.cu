@@ -333,14 +333,16 @@ bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits) {
  * blocks a multiprocessor instead of one (Qwen3-30B-A3B: 66 splits of
  * each of 4 KV heads) took decode at depth 4096 from 256 to 299 tok/s,
  * tg128 unchanged (bench/results/2026-12-01-s5). */
+/* The kernel for heads of hd dims (hd / 32 a lane). */
+typedef void (*attention_fn)(const attn_args);
+static attention_fn attention_kernel_for(int hd) {
+    return hd <= 32 ? attention_kernel<1> : hd == 64 ? attention_kernel<2> : hd == 128 ? attention_kernel<4>
+                                                                                      : attention_kernel<8>;
+}
+
 int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
-    const int threads = 32 * (n_heads / n_kv);
     int per_sm = 1;
-    cudaError_t e = cudaSuccess;
-    if (hd <= 32) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<1>, threads, 0);
-    else if (hd == 64) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<2>, threads, 0);
-    else if (hd == 128) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<4>, threads, 0);
-    else e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<8>, threads, 0);
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(hd), 32 * (n_heads / n_kv), 0);
     if (e != cudaSuccess || per_sm < 1) per_sm = 1;
     int splits = per_sm * n_sm / n_kv;
     return splits < 1 ? 1 : splits > ATTN_MAX_SPLITS ? ATTN_MAX_SPLITS : splits;
@@ -348,12 +350,7 @@ int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
 
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl) {
     const size_t smem = 0; /* registers and L1 only */
-    const dim3 grid(a->n_kv, a->n_splits);
-    const int threads = 32 * (a->n_heads / a->n_kv);
-    if (a->hd <= 32) LAUNCH_PDL(pdl, attention_kernel<1>, grid, threads, smem, st, *a);
-    else if (a->hd == 64) LAUNCH_PDL(pdl, attention_kernel<2>, grid, threads, smem, st, *a);
-    else if (a->hd == 128) LAUNCH_PDL(pdl, attention_kernel<4>, grid, threads, smem, st, *a);
-    else LAUNCH_PDL(pdl, attention_kernel<8>, grid, threads, smem, st, *a);
+    LAUNCH_PDL(pdl, attention_kernel_for(a->hd), dim3(a->n_kv, a->n_splits), 32 * (a->n_heads / a->n_kv), smem, st, *a);
 }
 
 /* cos | sin of every position's RoPE angles, as cpu_rope computes them. */

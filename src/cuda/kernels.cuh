@@ -530,10 +530,6 @@ __device__ __forceinline__ void route_on_device(const gemv_args &a, float *p) {
     }
 }
 
-/* EPI is the launch's epilogue (EPI_NONE, EPI_ROUTER, EPI_ARGMAX), a
- * template parameter so that the plain products carry no routing or argmax
- * code: a kernel's code is fetched from memory at every layer (the weights
- * stream through L2), and small code starts sooner. */
 /* Rows a warp visits up to which gemv_kernel prefetches the next row
  * rather than keep the activation in registers, for the formats that opt
  * in with row_ahead (moe lab, Q4_K: the 4096 x 2048 projection 5.1 -> 4.8
@@ -545,6 +541,10 @@ struct row_ahead {
     static constexpr bool value = false;
 };
 
+/* EPI is the launch's epilogue (EPI_NONE, EPI_ROUTER, EPI_ARGMAX), a
+ * template parameter so that the plain products carry no routing or argmax
+ * code: a kernel's code is fetched from memory at every layer (the weights
+ * stream through L2), and small code starts sooner. */
 template <class F, int EPI>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     DYN_SMEM(uint8_t, smem);
