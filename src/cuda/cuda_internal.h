@@ -218,7 +218,6 @@ inline size_t gemv_smem(int kind, int n, int n_experts) {
     return bytes > router ? bytes : router;
 }
 
-/* Lanes per row: enough that each lane has about n units of the row. */
 /* Blocks of a matrix-vector launch over `rows` rows (GEMV_WARPS * 32 /
  * lanes a block): at most one a multiprocessor for a layer's small
  * matrices, a launch with rows for four or more such passes (the output
@@ -235,6 +234,7 @@ inline int gemv_grid(int n_sm, int occupancy, int rows, int lanes, int max_grid)
     return grid > 0 ? grid : 1;
 }
 
+/* Lanes per row: enough that each lane has about n units of the row. */
 inline int pick_lanes(int units, int n) {
     int per = (units + n - 1) / n, lanes = 1;
     while (lanes < per && lanes < 32) lanes <<= 1;
@@ -286,6 +286,14 @@ struct cuda_state {
     struct top_scratch *top;         /* cuda_top_logits' scratch (top_logits.cu), made on first use */
 };
 
+/* The top logits (top_logits.cu): cuda_top_logits on the n_vocab logits
+ * at (device) `logits`, on `stream`, with the scratch at *scratch (made on
+ * first use, freed by cuda_top_scratch_free); cuda_top_free frees a
+ * state's. */
+moe_status cuda_top_logits_at(struct top_scratch **scratch, const float *logits, int n_vocab, cudaStream_t stream,
+                              int n, const int32_t *extra, int n_extra, sampler_candidate *top, int *n_found,
+                              float *extra_logits, moe_error *err);
+void cuda_top_scratch_free(struct top_scratch *s);
 void cuda_top_free(cuda_state *s);
 
 /* The router of an F32 matrix (float.cu): logits, then the routing as

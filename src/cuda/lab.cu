@@ -34,6 +34,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <type_traits>
 
@@ -262,18 +263,24 @@ static uint64_t lab_rand(uint64_t *s) {
     return *s;
 }
 
-/* n floats in [-1, 1) uploaded to a new device buffer: the kernels' input. */
-static moe_status upload_input(lab_ctx *c, float **out, int n, uint64_t seed) {
+/* n floats value(0), value(1), ... uploaded to a new device buffer. */
+template <class Value>
+static moe_status upload_values(lab_ctx *c, float **out, int n, Value value) {
     moe_error *err = c->err;
     float *host = (float *)malloc((size_t)n * sizeof(float));
     if (!host) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) host[i] = (float)((lab_rand(&seed) >> 40) * (2.0 / 16777216.0) - 1.0);
+    for (int i = 0; i < n; i++) host[i] = value(i);
     moe_status st = lab_alloc(c, (void **)out, (size_t)n * sizeof(float));
     cudaError_t e = st == MOE_OK ? cudaMemcpy(*out, host, (size_t)n * sizeof(float), cudaMemcpyHostToDevice) : cudaSuccess;
     free(host);
     if (st != MOE_OK) return st;
     CUDA_CHECK(e);
     return MOE_OK;
+}
+
+/* n floats in [-1, 1): the kernels' input. */
+static moe_status upload_input(lab_ctx *c, float **out, int n, uint64_t seed) {
+    return upload_values(c, out, n, [&](int) { return (float)((lab_rand(&seed) >> 40) * (2.0 / 16777216.0) - 1.0); });
 }
 
 /* ---------------------------------------------------------------- weights, in copies */
@@ -806,4 +813,56 @@ moe_status cuda_lab_device(char *name, size_t len, int *n_sm, moe_error *err) {
     snprintf(name, len, "%s", prop.name);
     *n_sm = prop.multiProcessorCount;
     return MOE_OK;
+}
+
+/* ---------------------------------------------------------------- sampling */
+
+static double host_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+/* Logits spread like a model's: 4 x (a sum of 4 uniforms - 2). */
+static moe_status upload_logits(lab_ctx *c, float **out, int n) {
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    return upload_values(c, out, n, [&](int) {
+        float v = 0;
+        for (int j = 0; j < 4; j++) v += (float)(lab_rand(&rng) >> 40) * 0x1.0p-24f;
+        return 4.0f * (v - 2.0f);
+    });
+}
+
+moe_status cuda_lab_top_logits(int n_vocab, int n, int n_extra, int reps, double *us, moe_error *err) {
+    if (reps < 1 || reps > CUDA_LAB_MAX_REPS || n_vocab < 1 || n < 0 || n_extra < 0 || n_extra > CUDA_TOP_EXTRA_MAX)
+        return moe_error_set(err, MOE_ERR_RANGE, "lab: top logits of %d (%d extra, %d reps)", n, n_extra, reps);
+    sampler_candidate top[CUDA_TOP_MAX];
+    float extra_logits[CUDA_TOP_EXTRA_MAX];
+    int32_t extra[CUDA_TOP_EXTRA_MAX];
+    for (int i = 0; i < n_extra; i++) extra[i] = (int32_t)((i * 2654435761u) % (unsigned)n_vocab);
+    float *host = (float *)malloc((size_t)n_vocab * sizeof(float)); /* where every logit goes (n = 0) */
+    if (!host) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    lab_ctx c;
+    top_scratch *scratch = NULL;
+    float *logits = NULL;
+    double per[CUDA_LAB_MAX_REPS];
+    moe_status st = lab_open(&c, err);
+    if (st == MOE_OK) st = upload_logits(&c, &logits, n_vocab);
+    int found = 0;
+    for (int r = -1; r < reps && st == MOE_OK; r++) { /* r = -1: the warm-up makes the scratch */
+        const double t0 = host_us();
+        if (n > 0)
+            st = cuda_top_logits_at(&scratch, logits, n_vocab, c.stream, n, extra, n_extra, top, &found, extra_logits,
+                                    err);
+        else if (cudaMemcpyAsync(host, logits, (size_t)n_vocab * sizeof(float), cudaMemcpyDeviceToHost, c.stream) !=
+                     cudaSuccess ||
+                 cudaStreamSynchronize(c.stream) != cudaSuccess)
+            st = moe_error_set(err, MOE_ERR_IO, "lab: copying the logits back failed");
+        if (r >= 0) per[r] = host_us() - t0;
+    }
+    if (st == MOE_OK) *us = median_of(per, reps);
+    cuda_top_scratch_free(scratch);
+    lab_close(&c);
+    free(host);
+    return st;
 }

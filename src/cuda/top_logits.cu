@@ -21,7 +21,6 @@
  */
 #include <limits.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "cuda/cuda_internal.h"
 
@@ -212,14 +211,14 @@ static moe_status make_scratch(top_scratch **out, moe_error *err) {
     return MOE_OK;
 }
 
-static void free_scratch(top_scratch *s) {
+void cuda_top_scratch_free(top_scratch *s) {
     if (!s) return;
     cudaFree(s->part);
     free(s);
 }
 
 void cuda_top_free(cuda_state *st) {
-    free_scratch(st->top);
+    cuda_top_scratch_free(st->top);
     st->top = NULL;
 }
 
@@ -229,9 +228,7 @@ static int by_rank(const void *pa, const void *pb) {
     return (a->id > b->id) - (a->id < b->id);
 }
 
-/* cuda_top_logits on the n_vocab logits at (device) `logits`, with the
- * scratch at *scratch (made on first use), on `stream`. */
-static moe_status top_logits(top_scratch **scratch, const float *logits, int n_vocab, cudaStream_t stream, int n,
+moe_status cuda_top_logits_at(top_scratch **scratch, const float *logits, int n_vocab, cudaStream_t stream, int n,
                              const int32_t *extra, int n_extra, sampler_candidate *top, int *n_found,
                              float *extra_logits, moe_error *err) {
     int slice, blocks;
@@ -267,7 +264,7 @@ static moe_status top_logits(top_scratch **scratch, const float *logits, int n_v
 
 moe_status cuda_top_logits(cuda_state *st, int n, const int32_t *extra, int n_extra, sampler_candidate *top,
                            int *n_found, float *extra_logits, moe_error *err) {
-    return top_logits(&st->top, st->logits, st->m->config.n_vocab, st->stream, n, extra, n_extra, top, n_found,
+    return cuda_top_logits_at(&st->top, st->logits, st->m->config.n_vocab, st->stream, n, extra, n_extra, top, n_found,
                       extra_logits, err);
 }
 
@@ -288,64 +285,8 @@ moe_status cuda_test_top_logits(const float *logits, int n_vocab, int n, const i
         st = moe_error_set(err, MOE_ERR_IO, "copying the logits to the GPU failed");
     /* twice: the second call finds the ticket and the NaN flag reset by the first */
     for (int rep = 0; rep < 2 && st == MOE_OK; rep++)
-        st = top_logits(&scratch, d, n_vocab, 0, n, extra, n_extra, top, n_found, extra_logits, err);
-    free_scratch(scratch);
+        st = cuda_top_logits_at(&scratch, d, n_vocab, 0, n, extra, n_extra, top, n_found, extra_logits, err);
+    cuda_top_scratch_free(scratch);
     cudaFree(d);
-    return st;
-}
-
-/* ---------------------------------------------------------------- the lab */
-
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
-
-static int cmp_us(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-moe_status cuda_lab_top_logits(int n_vocab, int n, int n_extra, int reps, double *us, moe_error *err) {
-    if (reps < 1 || reps > CUDA_LAB_MAX_REPS || n_vocab < 1 || n < 0 || n_extra < 0 || n_extra > CUDA_TOP_EXTRA_MAX)
-        return moe_error_set(err, MOE_ERR_RANGE, "lab: top logits of %d (%d extra, %d reps)", n, n_extra, reps);
-    float *host = (float *)malloc((size_t)n_vocab * sizeof(float)), *extra_logits = (float *)malloc(CUDA_TOP_EXTRA_MAX * sizeof(float));
-    int32_t *extra = (int32_t *)malloc(CUDA_TOP_EXTRA_MAX * sizeof(int32_t));
-    sampler_candidate *top = (sampler_candidate *)malloc(CUDA_TOP_MAX * sizeof(sampler_candidate));
-    double *t = (double *)malloc((size_t)reps * sizeof(double));
-    float *d = NULL;
-    top_scratch *scratch = NULL;
-    cudaStream_t stream = NULL;
-    moe_status st = host && extra_logits && extra && top && t ? MOE_OK : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-    uint64_t rng = 0x9E3779B97F4A7C15ull;
-    for (int i = 0; st == MOE_OK && i < n_vocab; i++) { /* logits spread like a model's: a sum of 4 uniforms */
-        float v = 0;
-        for (int j = 0; j < 4; j++) rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17, v += (float)(rng >> 40) * 0x1.0p-24f;
-        host[i] = 4.0f * (v - 2.0f);
-    }
-    for (int i = 0; st == MOE_OK && i < n_extra; i++) extra[i] = (int32_t)((i * 2654435761u) % (unsigned)n_vocab);
-    if (st == MOE_OK && (cudaMalloc(&d, (size_t)n_vocab * sizeof(float)) != cudaSuccess ||
-                         cudaMemcpy(d, host, (size_t)n_vocab * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess ||
-                         cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess))
-        st = moe_error_set(err, MOE_ERR_IO, "lab: the logits could not go to the GPU");
-    int found = 0;
-    for (int r = -1; r < reps && st == MOE_OK; r++) { /* r = -1: the warm-up makes the scratch */
-        const double t0 = now_us();
-        if (n > 0)
-            st = top_logits(&scratch, d, n_vocab, stream, n, extra, n_extra, top, &found, extra_logits, err);
-        else if (cudaMemcpyAsync(host, d, (size_t)n_vocab * sizeof(float), cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
-                 cudaStreamSynchronize(stream) != cudaSuccess)
-            st = moe_error_set(err, MOE_ERR_IO, "lab: copying the logits back failed");
-        if (r >= 0) t[r] = now_us() - t0;
-    }
-    if (st == MOE_OK) {
-        qsort(t, (size_t)reps, sizeof *t, cmp_us);
-        *us = t[reps / 2];
-    }
-    free_scratch(scratch);
-    if (stream) cudaStreamDestroy(stream);
-    cudaFree(d);
-    free(host), free(extra_logits), free(extra), free(top), free(t);
     return st;
 }
