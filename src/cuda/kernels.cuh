@@ -796,10 +796,11 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         const uint8_t *gb, *gm, *ub, *um;
         int out;
     };
+    __shared__ int slot_ids[MAX_EXPERTS_USED];
     auto locate = [&](int row) {
         const bool routed = row < routed_rows;
         const int j = routed ? row / R : 0, r = routed ? row - j * R : row - routed_rows;
-        const int e = routed && a.ids ? __ldcg(a.ids + j) : 0;
+        const int e = routed ? slot_ids[j] : 0;
         const dmat &mg = routed ? a.gate : a.sh_gate, &mu = routed ? a.up : a.sh_up;
         pair_rows p;
         p.gb = mg.body + e * mg.expert_stride + (int64_t)r * mg.row_stride;
@@ -814,6 +815,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     prefetch_floats(a.shgate_w, a.in.n);
     pdl_wait(); /* the router's ids */
     pdl_launch_dependents();
+    /* once a block: a warp's later rows then locate theirs without an L2 round trip */
+    if (threadIdx.x < a.n_routed) slot_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
+    __syncthreads();
     pair_batch<F> first;
     if (start + grp < total) {
         const pair_rows p = locate(start + grp);
