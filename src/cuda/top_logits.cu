@@ -31,13 +31,23 @@ enum {
     TOP_SMEM_KEYS = 12288, /* 96 KiB of keys: a block's slice, or all blocks' picks */
 };
 
+/* The result, laid out for one copy back of 8 + 8 n + 4 n_extra bytes:
+ * [0] keys found, [1] lowest id of a NaN or +inf logit (INT_MAX: none),
+ * then the n keys, then the extra ids' logits. */
+struct top_result {
+    int meta[2];
+    top_key keys[CUDA_TOP_MAX];
+    float extra_room[CUDA_TOP_EXTRA_MAX]; /* the extras start right after the n keys */
+};
+
+__device__ __forceinline__ float *extras_of(top_result *r, int n) { return (float *)(r->keys + n); }
+
 struct top_scratch {
-    top_key *part;   /* (TOP_SMEM_KEYS) every block's picks */
-    top_key *keys;   /* (CUDA_TOP_MAX) the result */
-    float *extra;    /* (CUDA_TOP_EXTRA_MAX) the extra ids' logits */
-    int *extra_ids;  /* (CUDA_TOP_EXTRA_MAX) */
-    int *meta;       /* [0] keys found, [1] lowest id of a NaN or +inf logit (INT_MAX: none) */
-    int *bad;        /* that id while the blocks run */
+    top_key *part;    /* (TOP_SMEM_KEYS) every block's picks */
+    top_result *out;  /* on the device */
+    top_result *host; /* its pinned twin */
+    int *extra_ids;   /* (CUDA_TOP_EXTRA_MAX) */
+    int *bad;         /* the lowest bad id while the blocks run */
     unsigned *ticket;
 };
 
@@ -169,11 +179,12 @@ __global__ void top_logits_kernel(const float *logits, int n_vocab, int slice, i
     const int total = (int)gridDim.x * n;
     for (int i = t; i < total; i += TOP_THREADS) keys[i] = __ldcg(s.part + i);
     __syncthreads();
-    const int found = select_top(keys, total, n, s.keys, &sm);
-    for (int i = t; i < n_extra; i += TOP_THREADS) s.extra[i] = logits[s.extra_ids[i]];
+    const int found = select_top(keys, total, n, s.out->keys, &sm);
+    float *extra = extras_of(s.out, n);
+    for (int i = t; i < n_extra; i += TOP_THREADS) extra[i] = logits[s.extra_ids[i]];
     if (t == 0) {
-        s.meta[0] = found;
-        s.meta[1] = atomicExch(s.bad, INT_MAX);
+        s.out->meta[0] = found;
+        s.out->meta[1] = atomicExch(s.bad, INT_MAX);
         *s.ticket = 0;
     }
 }
@@ -193,19 +204,18 @@ static moe_status make_scratch(top_scratch **out, moe_error *err) {
     top_scratch *s = (top_scratch *)calloc(1, sizeof *s);
     if (!s) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     *out = s;
-    const size_t bytes = TOP_SMEM_KEYS * sizeof(top_key) + CUDA_TOP_MAX * sizeof(top_key) +
-                         CUDA_TOP_EXTRA_MAX * (sizeof(float) + sizeof(int)) + 4 * sizeof(int);
+    const size_t bytes = TOP_SMEM_KEYS * sizeof(top_key) + sizeof(top_result) + CUDA_TOP_EXTRA_MAX * sizeof(int) +
+                         2 * sizeof(int);
     uint8_t *p;
     CUDA_CHECK(cudaMalloc(&p, bytes));
     s->part = (top_key *)p;
-    s->keys = s->part + TOP_SMEM_KEYS;
-    s->extra = (float *)(s->keys + CUDA_TOP_MAX);
-    s->extra_ids = (int *)(s->extra + CUDA_TOP_EXTRA_MAX);
-    s->meta = s->extra_ids + CUDA_TOP_EXTRA_MAX;
-    s->bad = s->meta + 2;
+    s->out = (top_result *)(s->part + TOP_SMEM_KEYS);
+    s->extra_ids = (int *)(s->out + 1);
+    s->bad = s->extra_ids + CUDA_TOP_EXTRA_MAX;
     s->ticket = (unsigned *)(s->bad + 1);
-    const int init[4] = {0, INT_MAX, INT_MAX, 0}; /* meta, bad, ticket */
-    CUDA_CHECK(cudaMemcpy(s->meta, init, sizeof init, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMallocHost(&s->host, sizeof *s->host));
+    const int init[2] = {INT_MAX, 0}; /* bad, ticket */
+    CUDA_CHECK(cudaMemcpy(s->bad, init, sizeof init, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaFuncSetAttribute(top_logits_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     TOP_SMEM_KEYS * (int)sizeof(top_key)));
     return MOE_OK;
@@ -214,6 +224,7 @@ static moe_status make_scratch(top_scratch **out, moe_error *err) {
 void cuda_top_scratch_free(top_scratch *s) {
     if (!s) return;
     cudaFree(s->part);
+    if (s->host) cudaFreeHost(s->host);
     free(s);
 }
 
@@ -246,19 +257,16 @@ moe_status cuda_top_logits_at(top_scratch **scratch, const float *logits, int n_
     const size_t smem = (size_t)(slice > blocks * n ? slice : blocks * n) * sizeof(top_key);
     LAUNCH(top_logits_kernel, blocks, TOP_THREADS, smem, stream, logits, n_vocab, slice, n, *s, n_extra);
     CUDA_CHECK(cudaGetLastError());
-    top_key keys[CUDA_TOP_MAX];
-    int meta[2];
-    CUDA_CHECK(cudaMemcpyAsync(keys, s->keys, (size_t)n * sizeof(top_key), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaMemcpyAsync(meta, s->meta, sizeof meta, cudaMemcpyDeviceToHost, stream));
-    if (n_extra)
-        CUDA_CHECK(cudaMemcpyAsync(extra_logits, s->extra, (size_t)n_extra * sizeof(float), cudaMemcpyDeviceToHost,
-                                   stream));
+    const size_t back = offsetof(top_result, keys) + (size_t)n * sizeof(top_key) + (size_t)n_extra * sizeof(float);
+    CUDA_CHECK(cudaMemcpyAsync(s->host, s->out, back, cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
-    if (meta[1] != INT_MAX)
-        return moe_error_set(err, MOE_ERR_FORMAT, "the logit of token %d is NaN or +inf", meta[1]);
-    for (int i = 0; i < meta[0]; i++) top[i] = sampler_candidate{id_of(keys[i]), value_of(keys[i])};
-    qsort(top, (size_t)meta[0], sizeof *top, by_rank);
-    *n_found = meta[0];
+    const top_result *r = s->host;
+    if (r->meta[1] != INT_MAX)
+        return moe_error_set(err, MOE_ERR_FORMAT, "the logit of token %d is NaN or +inf", r->meta[1]);
+    for (int i = 0; i < r->meta[0]; i++) top[i] = sampler_candidate{id_of(r->keys[i]), value_of(r->keys[i])};
+    if (n_extra) memcpy(extra_logits, r->keys + n, (size_t)n_extra * sizeof(float));
+    qsort(top, (size_t)r->meta[0], sizeof *top, by_rank);
+    *n_found = r->meta[0];
     return MOE_OK;
 }
 
