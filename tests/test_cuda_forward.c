@@ -145,12 +145,11 @@ static float *cpu_logits(const model *m, const int32_t *ids, int n) {
     return logits;
 }
 
-static float *gpu_logits(cuda_model *g, const model *m, const int32_t *ids, int n, bool graph, bool pdl,
-                         bool fused_route) {
+static float *gpu_logits(cuda_model *g, const model *m, const int32_t *ids, int n, bool graph, bool pdl) {
     size_t vocab = (size_t)m->config.n_vocab;
     float *logits = malloc(n * vocab * sizeof *logits);
     for (size_t i = 0; i < n * vocab; i++) logits[i] = NAN;
-    cuda_options o = {graph, pdl, fused_route};
+    cuda_options o = {graph, pdl};
     cuda_state *s = NULL;
     moe_error err = {0};
     CHECKF(cuda_state_new(g, n, &o, &s, &err) == MOE_OK, "%s", err.message);
@@ -176,28 +175,8 @@ static int argmax(const float *x, int n) {
     return best;
 }
 
-/* Float weights: every position within TOL. Quantized weights: the same,
- * except that once an activation code has flipped (see the top of this
- * file) the positions from there on are held to FLIP_TOL. Prints the worst
- * position; returns where codes flipped, or -1. */
-static int check_positions(const char *label, const float *got, const float *want, int n, int vocab, bool exact) {
-    double worst = 0;
-    int worst_at = 0, bad = 0, flip_at = -1;
-    for (int t = 0; t < n; t++) {
-        double e = rel_l2(got + (size_t)t * vocab, want + (size_t)t * vocab, vocab);
-        if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "    position %d: %.3g\n", t, e);
-        if (!exact && flip_at < 0 && e > FLIP_FLOOR && t >= MIN_CLEAN) flip_at = t;
-        double limit = flip_at >= 0 && t >= flip_at ? FLIP_TOL : TOL;
-        if (!(e <= limit) && bad++ < 4) fprintf(stderr, "  %s position %d: relative L2 error %.3g (limit %.0e)\n", label, t, e, limit);
-        if (!(e <= worst)) worst = e, worst_at = t;
-    }
-    CHECKF(bad == 0, "%s: %d of %d positions over their limit (worst %.3g at %d)", label, bad, n, worst, worst_at);
-    printf("  %-34s worst rel L2 %.3g at position %d", label, worst, worst_at);
-    return flip_at;
-}
-
-/* GPU vs CPU on one model; with `variants`, also the router's own launch,
- * the launch modes and the device-chained greedy decode. */
+/* GPU vs CPU on one model; with `variants`, also the launch modes and the
+ * device-chained greedy decode. */
 static void check_model(const model *m, const char *label, bool variants) {
     const int n = n_positions, vocab = m->config.n_vocab;
     int32_t *ids = malloc((n > 16 ? n : 16) * sizeof *ids);
@@ -213,25 +192,30 @@ static void check_model(const model *m, const char *label, bool variants) {
     double t1 = now();
     float *want = cpu_logits(m, ids, n);
     double t2 = now();
-    float *got = gpu_logits(g, m, ids, n, true, true, true);
+    float *got = gpu_logits(g, m, ids, n, true, true);
     double t3 = now();
+    /* Float weights: every position within TOL. Quantized weights: the
+     * same, except that once an activation code has flipped (see the top
+     * of this file) the positions from there on are held to FLIP_TOL. */
     const bool exact = is_float_type(m->layers[0].wq.type) && is_float_type(m->output.type);
-    int flip_at = check_positions(label, got, want, n, vocab, exact);
+    double worst = 0;
+    int worst_at = 0, bad = 0, flip_at = -1;
+    for (int t = 0; t < n; t++) {
+        double e = rel_l2(got + (size_t)t * vocab, want + (size_t)t * vocab, vocab);
+        if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "    position %d: %.3g\n", t, e);
+        if (!exact && flip_at < 0 && e > FLIP_FLOOR && t >= MIN_CLEAN) flip_at = t;
+        double limit = flip_at >= 0 && t >= flip_at ? FLIP_TOL : TOL;
+        if (!(e <= limit) && bad++ < 4) fprintf(stderr, "  %s position %d: relative L2 error %.3g (limit %.0e)\n", label, t, e, limit);
+        if (!(e <= worst)) worst = e, worst_at = t;
+    }
+    CHECKF(bad == 0, "%s: %d of %d positions over their limit (worst %.3g at %d)", label, bad, n, worst, worst_at);
+    printf("  %-34s worst rel L2 %.3g at position %d", label, worst, worst_at);
     if (flip_at >= 0) printf(" (activation code flip from position %d)", flip_at);
     printf("; upload %.2f s, cpu %.2f s, gpu %.2f s\n", t1 - t0, t2 - t1, t3 - t2);
     if (variants) {
-        if (m->config.n_experts) { /* the router's own launch: other sums, the same limits */
-            char routed[96];
-            snprintf(routed, sizeof routed, "%s, router launch", label);
-            float *other = gpu_logits(g, m, ids, n, true, true, false);
-            flip_at = check_positions(routed, other, want, n, vocab, exact);
-            if (flip_at >= 0) printf(" (activation code flip from position %d)", flip_at);
-            printf("\n");
-            free(other);
-        }
         const bool modes[3][2] = {{false, false}, {true, false}, {false, true}};
         for (int v = 0; v < 3; v++) {
-            float *other = gpu_logits(g, m, ids, n, modes[v][0], modes[v][1], true);
+            float *other = gpu_logits(g, m, ids, n, modes[v][0], modes[v][1]);
             CHECKF(memcmp(other, got, (size_t)n * vocab * sizeof(float)) == 0,
                    "%s: graph=%d pdl=%d gives other logits than graph=1 pdl=1", label, modes[v][0], modes[v][1]);
             free(other);

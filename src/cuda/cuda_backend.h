@@ -43,13 +43,10 @@ typedef struct cuda_state cuda_state;
  * MOE_CUDA_GRAPH=0 launches the step's kernels one by one instead of
  * replaying a graph, MOE_CUDA_PDL=0 turns off programmatic dependent launch
  * (on by default: each kernel loads its first weights before it waits for
- * the one before, which `moe bench` measures faster), MOE_CUDA_FUSED_ROUTE=0
- * gives the router its own launch again instead of computing its logits
- * in the o projection. */
+ * the one before, which `moe bench` measures faster). */
 typedef struct cuda_options {
     bool graph;
     bool pdl;
-    bool fused_route;
 } cuda_options;
 
 #ifdef MOE_HAVE_CUDA

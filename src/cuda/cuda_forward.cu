@@ -8,14 +8,13 @@
  *   per layer:
  *     q|k|v = W (RMSNorm x) (+ bias)                     gemv (norm fused)
  *     q/k norm, RoPE, append k v, attention               attention
- *     x += Wo att; router logits of RMSNorm x,             gemv (residual; last
- *       softmax|sigmoid, top-k, weights                      block routes)
+ *     x += Wo att                                          gemv (residual)
+ *     router logits, softmax|sigmoid, top-k, weights       gemv (last block routes)
  *     h = silu(G_e xn) * (U_e xn), k experts (+ shared)    ffn_up (ids on device)
  *     x += sum w_e D_e h_e (+ g D_sh h_sh)                 ffn_down
  *   logits = W_out (RMSNorm x), argmax -> step[0], step[1] += 1
  *
- * Five launches per MoE layer (six where the router is not F32 and has its
- * own launch), no host round trip: the token and position
+ * Six launches per MoE layer, no host round trip: the token and position
  * live in device memory (step), so the captured graph serves every
  * position. Matrices of different types in one group (q, k, v) get one
  * launch per type. A launch's grid is sized to the kernel's occupancy on
@@ -37,7 +36,7 @@ extern "C" {
 /* ---------------------------------------------------------------- stage profile */
 
 static const char *const stage_names[CUDA_STAGE_COUNT] = {
-    "embedding",          "attn norm + q/k/v",    "qk-norm/rope/kv/attention", "o + residual (+ router)",
+    "embedding",          "attn norm + q/k/v",    "qk-norm/rope/kv/attention", "o + residual",
     "ffn norm + router",  "experts gate/up (+sh)", "shared gate/up",            "experts down (+sh)",
     "shared down",        "final norm + head + argmax"};
 
@@ -74,30 +73,8 @@ typedef struct gemv_out {
     const float *bias;
 } gemv_out;
 
-/* The routing arguments of the router epilogues; w: the layer whose
- * router the o projection computes (EPI_RESIDUAL_ROUTE). */
-static void set_routing(const cuda_state *s, gemv_args *a, const cuda_layer *w) {
-    const model_config *c = &s->m->config;
-    a->counter = s->counters;
-    a->route_w = s->route_w;
-    a->route_ids = s->route_ids;
-    a->n_experts = c->n_experts;
-    a->k = c->n_experts_used;
-    a->gating = c->gating == GATING_SIGMOID;
-    a->norm_topk = c->norm_topk;
-    a->w_scale = c->expert_weights_scale;
-    if (a->epilogue != EPI_RESIDUAL_ROUTE) return;
-    a->route.wt = w->router_t;
-    a->route.norm = w->ffn_norm;
-    a->route.eps = c->rms_eps;
-    a->route.part = s->route_part;
-    a->route.logits = s->router;
-}
-
-/* y = W in for each output; one launch per weight type among them. `w`:
- * the layer an EPI_RESIDUAL_ROUTE launch routes for. */
-static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int epilogue,
-                 const cuda_layer *w) {
+/* y = W in for each output; one launch per weight type among them. */
+static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int epilogue) {
     bool done[MAX_SEGS] = {false, false, false};
     for (int i = 0; i < n; i++) {
         if (done[i]) continue;
@@ -119,10 +96,17 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
         }
         a.lanes = pick_lanes(outs[i].w->units, f->n);
         a.epilogue = epilogue;
-        const bool routes = epilogue == EPI_ROUTER || epilogue == EPI_RESIDUAL_ROUTE;
-        size_t smem = gemv_smem(f->act, in.n, routes ? s->m->config.n_experts : 0);
-        if (routes) {
-            set_routing(s, &a, w);
+        const model_config *c = &s->m->config;
+        size_t smem = gemv_smem(f->act, in.n, epilogue == EPI_ROUTER ? c->n_experts : 0);
+        if (epilogue == EPI_ROUTER) {
+            a.counter = s->counters;
+            a.route_w = s->route_w;
+            a.route_ids = s->route_ids;
+            a.n_experts = c->n_experts;
+            a.k = c->n_experts_used;
+            a.gating = c->gating == GATING_SIGMOID;
+            a.norm_topk = c->norm_topk;
+            a.w_scale = c->expert_weights_scale;
         } else if (epilogue == EPI_ARGMAX) {
             a.counter = s->counters + 1;
             a.part_val = s->part_val;
@@ -141,9 +125,6 @@ static void embed(cuda_state *s) {
     mark(s, CUDA_STAGE_EMBED, (double)e->row_stride + e->meta_row_stride);
 }
 
-/* Whether layer w's router logits come from its o projection. */
-static bool routes_in_o(const cuda_state *s, const cuda_layer *w) { return s->opt.fused_route && w->router_t; }
-
 static void attention_block(cuda_state *s, int l) {
     const model_config *c = &s->m->config;
     const cuda_layer *w = &s->g->layers[l];
@@ -151,7 +132,7 @@ static void attention_block(cuda_state *s, int l) {
     gemv_out qkv[3] = {{&w->wq, s->qkv, w->bq},
                        {&w->wk, s->qkv + s->q_dim, w->bk},
                        {&w->wv, s->qkv + s->q_dim + s->kv_dim, w->bv}};
-    if (live(s, CUDA_STAGE_QKV)) gemv(s, in, qkv, 3, false, EPI_NONE, NULL);
+    if (live(s, CUDA_STAGE_QKV)) gemv(s, in, qkv, 3, false, EPI_NONE);
     mark(s, CUDA_STAGE_QKV, dmat_bytes(&w->wq) + dmat_bytes(&w->wk) + dmat_bytes(&w->wv));
 
     attn_args a;
@@ -179,9 +160,8 @@ static void attention_block(cuda_state *s, int l) {
 
     act_in att = {s->att, NULL, 0.0f, s->q_dim};
     gemv_out o = {&w->wo, s->x, NULL};
-    const bool route = routes_in_o(s, w);
-    if (live(s, CUDA_STAGE_O)) gemv(s, att, &o, 1, true, route ? EPI_RESIDUAL_ROUTE : EPI_NONE, w);
-    mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo) + (route ? dmat_bytes(&w->router) : 0));
+    if (live(s, CUDA_STAGE_O)) gemv(s, att, &o, 1, true, EPI_NONE);
+    mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo));
 }
 
 /* h = silu(gate x) * (up x) for `n_routed` slots of a slab (ids NULL: the
@@ -251,11 +231,9 @@ static void ffn_block(cuda_state *s, int l) {
         mark(s, CUDA_STAGE_DOWN, dmat_bytes(&w->ffn_down));
         return;
     }
-    if (!routes_in_o(s, w)) {
-        gemv_out r = {&w->router, s->router, NULL};
-        if (live(s, CUDA_STAGE_ROUTER)) gemv(s, in, &r, 1, false, EPI_ROUTER, NULL);
-        mark(s, CUDA_STAGE_ROUTER, dmat_bytes(&w->router));
-    }
+    gemv_out r = {&w->router, s->router, NULL};
+    if (live(s, CUDA_STAGE_ROUTER)) gemv(s, in, &r, 1, false, EPI_ROUTER);
+    mark(s, CUDA_STAGE_ROUTER, dmat_bytes(&w->router));
     const int k = c->n_experts_used;
     const bool sh = w->has_shared;
     const double sh_up = sh ? dmat_bytes(&w->sh_gate) + dmat_bytes(&w->sh_up) : 0, sh_down = sh ? dmat_bytes(&w->sh_down) : 0;
@@ -279,7 +257,7 @@ static void head(cuda_state *s) {
     const model_config *c = &s->m->config;
     act_in in = {s->x, s->g->output_norm, c->rms_eps, c->n_embd};
     gemv_out o = {&s->g->output, s->logits, NULL};
-    if (live(s, CUDA_STAGE_HEAD)) gemv(s, in, &o, 1, false, EPI_ARGMAX, NULL);
+    if (live(s, CUDA_STAGE_HEAD)) gemv(s, in, &o, 1, false, EPI_ARGMAX);
     mark(s, CUDA_STAGE_HEAD, dmat_bytes(&s->g->output));
 }
 
@@ -505,7 +483,6 @@ cuda_options cuda_default_options(void) {
     cuda_options o;
     o.graph = env_flag("MOE_CUDA_GRAPH", true);
     o.pdl = env_flag("MOE_CUDA_PDL", true); /* MOE_CUDA_PDL=0: plain graph edges */
-    o.fused_route = env_flag("MOE_CUDA_FUSED_ROUTE", true);
     return o;
 }
 
@@ -527,9 +504,6 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->qkv = (float *)carve(base, used, (size_t)(s->q_dim + 2 * s->kv_dim) * sizeof(float));
     s->att = (float *)carve(base, used, (size_t)s->q_dim * sizeof(float));
     s->router = (float *)carve(base, used, (size_t)(c->n_experts + 1) * sizeof(float));
-    /* the o projection's blocks: at least GEMV_WARPS rows each (gemv_grid) */
-    const int route_blocks = (c->n_embd + GEMV_WARPS - 1) / GEMV_WARPS;
-    s->route_part = (float *)carve(base, used, (size_t)route_blocks * c->n_experts * sizeof(float));
     s->route_w = (float *)carve(base, used, (size_t)k * sizeof(float));
     s->route_ids = (int *)carve(base, used, (size_t)k * sizeof(int));
     s->shgate = (float *)carve(base, used, sizeof(float));

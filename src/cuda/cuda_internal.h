@@ -17,12 +17,8 @@ extern "C" {
 }
 
 enum { ACT_Q8K, ACT_Q80, ACT_F32 };                 /* activation (dot) types */
-/* gemv epilogues; EPI_RESIDUAL_ROUTE: the o projection adds into x and
- * computes the router's logits of the new x (kernels.cuh) */
-enum { EPI_NONE, EPI_ROUTER, EPI_ARGMAX, EPI_RESIDUAL_ROUTE };
+enum { EPI_NONE, EPI_ROUTER, EPI_ARGMAX };          /* gemv epilogues */
 enum { MAX_EXPERTS_USED = 32, MAX_SEGS = 3 };
-/* Experts up to which the o projection routes (4 logits a lane). */
-enum { FUSED_ROUTE_MAX_EXPERTS = 128 };
 #define GEMV_THREADS 512 /* threads of a matrix-vector block (kernels.cuh) */
 #define GEMV_WARPS (GEMV_THREADS / 32)
 
@@ -56,16 +52,6 @@ struct gemv_seg {
     int accumulate;    /* out[r] += ... (residual) instead of = */
 };
 
-/* The router as EPI_RESIDUAL_ROUTE reads it: logits = W_r RMSNorm(x) of
- * the x the launch writes. */
-struct fused_route {
-    const float *wt;   /* (n_embd, n_experts): the F32 router, transposed */
-    const float *norm; /* the FFN's RMSNorm weights */
-    float eps;
-    float *part;       /* (grid, n_experts) each block's share of the logits */
-    float *logits;     /* (n_experts) */
-};
-
 struct gemv_args {
     act_in in;
     gemv_seg seg[MAX_SEGS];
@@ -74,8 +60,7 @@ struct gemv_args {
     int lanes;             /* lanes per row, a power of two <= 32 */
     int epilogue;
     unsigned *counter;     /* last-block ticket (router, argmax) */
-    /* router (EPI_ROUTER, EPI_RESIDUAL_ROUTE) */
-    fused_route route;     /* EPI_RESIDUAL_ROUTE */
+    /* router */
     float *route_w;
     int *route_ids;
     int n_experts, k, gating, norm_topk;
@@ -166,7 +151,6 @@ struct cuda_layer {
     const float *q_norm, *k_norm;
     dmat ffn_gate, ffn_up, ffn_down; /* dense */
     dmat router;
-    const float *router_t; /* the router transposed when the o projection routes (fused_route), or NULL */
     dmat exp_gate, exp_up, exp_down; /* slabs */
     dmat sh_gate, sh_up, sh_down;
     const float *sh_gate_inp;
@@ -205,10 +189,6 @@ moe_status upload_rows(uploader *u, int type, int n_experts, const uint8_t *cons
                        const char *name, dmat *out);
 const float *upload_vec(uploader *u, const vec *v);
 
-/* Whether the o projection can compute this router's logits
- * (EPI_RESIDUAL_ROUTE); the upload then adds the router transposed. */
-bool cuda_routes_in_o(const model_config *c, const matrix *router);
-
 /* Raise the dynamic shared memory limit of every kernel to `bytes`. */
 cudaError_t cuda_allow_smem_all(int bytes);
 
@@ -229,14 +209,11 @@ inline size_t route_smem(int n_experts) {
     return ((size_t)((n_experts + 3) & ~3) + 2 * MAX_EXPERTS_USED + 32) * sizeof(float);
 }
 
-/* Dynamic shared memory of a gemv-family launch: the activation and the
- * block-sum scratch; when it routes, each warp's logits after them
- * (EPI_RESIDUAL_ROUTE), and at least the router's part after a 16-byte
- * flag. */
+/* Dynamic shared memory of a gemv-family launch: the activation, the
+ * block-sum scratch, and the router's part (after a 16-byte flag) when it
+ * routes. */
 inline size_t gemv_smem(int kind, int n, int n_experts) {
     size_t bytes = act_bytes(kind, n) + 64 * sizeof(float);
-    if (!n_experts) return bytes;
-    bytes += (size_t)GEMV_WARPS * n_experts * sizeof(float);
     size_t router = 16 + route_smem(n_experts);
     return bytes > router ? bytes : router;
 }
@@ -280,7 +257,6 @@ struct cuda_state {
     float *qkv;               /* (q_dim + 2 kv_dim) */
     float *att;               /* (q_dim) */
     float *router;            /* (n_experts) logits */
-    float *route_part;        /* (o blocks, n_experts) EPI_RESIDUAL_ROUTE's partial logits */
     float *route_w;           /* (k) */
     int *route_ids;           /* (k) */
     float *shgate;            /* (1) */

@@ -164,30 +164,6 @@ static dmat upload_experts(uploader *u, const expert_set *set, int n_experts, co
     return d;
 }
 
-/* An F32 matrix transposed (cols rows of `rows` floats), through the
- * staging buffer: the router as the o projection reads it (fused_route). */
-static const float *upload_transposed(uploader *u, const matrix *m, const char *name) {
-    const size_t n = (size_t)m->rows * m->cols;
-    if (u->status != MOE_OK) return NULL;
-    float *dst = (float *)place(u, n * sizeof(float));
-    if (u->dry) return dst;
-    if (n * sizeof(float) > u->staging_bytes) {
-        u->status = moe_error_set(u->err, MOE_ERR_NOMEM, "staging buffer too small for %s", name);
-        return NULL;
-    }
-    const float *src = (const float *)m->data;
-    float *t = (float *)u->staging;
-    for (int64_t r = 0; r < m->rows; r++)
-        for (int64_t c = 0; c < m->cols; c++) t[c * m->rows + r] = src[r * m->cols + c];
-    u->status = copy_up(u, dst, t, n * sizeof(float));
-    return dst;
-}
-
-bool cuda_routes_in_o(const model_config *c, const matrix *router) {
-    return c->n_experts > 0 && c->n_experts <= FUSED_ROUTE_MAX_EXPERTS && c->n_experts % 4 == 0 &&
-           router->type == MOE_TYPE_F32 && router->data;
-}
-
 static void check_same_type(uploader *u, const dmat *a, const dmat *b, const char *what, int layer) {
     if (u->status == MOE_OK && a->type != b->type)
         u->status = moe_error_set(u->err, MOE_ERR_UNSUPPORTED,
@@ -220,7 +196,6 @@ static void upload_layer(uploader *u, const model *m, int l, cuda_layer *w) {
         check_same_type(u, &w->ffn_gate, &w->ffn_up, "FFN", l);
     } else {
         w->router = upload_matrix(u, &lw->router, NAME("ffn_gate_inp.weight"));
-        if (cuda_routes_in_o(c, &lw->router)) w->router_t = upload_transposed(u, &lw->router, name);
         w->exp_gate = upload_experts(u, &lw->exp_gate, c->n_experts, NAME("ffn_gate_exps.weight"));
         w->exp_up = upload_experts(u, &lw->exp_up, c->n_experts, NAME("ffn_up_exps.weight"));
         w->exp_down = upload_experts(u, &lw->exp_down, c->n_experts, NAME("ffn_down_exps.weight"));

@@ -129,10 +129,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     }
     dot = block_sum(dot, dot_scratch);
     if (tid == 0) a.seg[0].out[e] = dot;
-    if (last_block(a.counter, gridDim.x, (int *)smem)) {
-        load_logits((float *)(smem + 16), a.seg[0].out, a.n_experts);
-        route_on_device(a, (float *)(smem + 16));
-    }
+    if (last_block(a.counter, gridDim.x, (int *)smem)) route_on_device(a, (float *)(smem + 16));
 }
 
 bool cuda_router_fits(const gemv_args *a) {

@@ -467,24 +467,22 @@ __device__ __forceinline__ void prefetch_floats(const float *p, int n) {
 
 /* ---------------------------------------------------------------- gemv */
 
-/* The n logits other blocks wrote, into p (route_on_device's input). */
-__device__ __forceinline__ void load_logits(float *p, const float *logits, int n) {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) p[i] = __ldcg(logits + i);
-    __syncthreads();
-}
-
-/* Router: softmax or sigmoid over the logits in p, the k largest (lowest
- * id on ties), their weights renormalised and scaled: route_tokens in
+/* Router: softmax or sigmoid over the logits, the k largest (lowest id on
+ * ties), their weights renormalised and scaled: route_tokens in
  * cpu_forward.c. The whole (last) block: each thread ranks its experts by
  * counting the better ones, so the top k cost one pass, not k. p: the
- * router's part of gemv_smem(), the logits in its first n floats. */
+ * router's part of gemv_smem(). */
 __device__ __forceinline__ void route_on_device(const gemv_args &a, float *p) {
     const int tid = threadIdx.x, nt = blockDim.x, n = a.n_experts;
+    const float *logits = a.seg[0].out;
     float *chosen_w = p + ((n + 3) & ~3); /* k floats, k ints, then 32 floats of scratch */
     int *chosen_id = (int *)(chosen_w + MAX_EXPERTS_USED);
     float *scratch = (float *)(chosen_id + MAX_EXPERTS_USED);
     float m = -INFINITY;
-    for (int i = tid; i < n; i += nt) m = fmaxf(m, p[i]);
+    for (int i = tid; i < n; i += nt) {
+        p[i] = __ldcg(logits + i);
+        m = fmaxf(m, p[i]);
+    }
     if (a.gating == 0) {
         m = block_max(m, scratch);
         float sum = 0.0f;
@@ -532,106 +530,6 @@ __device__ __forceinline__ void route_on_device(const gemv_args &a, float *p) {
     }
 }
 
-/* EPI_RESIDUAL_ROUTE: the o projection writes x and computes the router's
- * logits of it on the way, instead of a router launch reading x back (one
- * launch, a ticket and a round trip less a layer). logit_e = scale *
- * sum_i W_r[e, i] g_i x_i, with the RMSNorm's scale factored out of the
- * sum: each warp adds its rows' terms into its row of shared memory (the
- * router stored transposed, so a row's weights are one coalesced read;
- * lane l owns experts l, l + 32, ...), each block its warps', and the last
- * block adds the blocks' shares in a fixed order, takes the scale from x as
- * stage_act does, and routes. */
-#define ROUTE_PER_LANE (FUSED_ROUTE_MAX_EXPERTS / 32)
-
-/* This warp's logits in shared memory, after the activation and its scratch. */
-__device__ __forceinline__ float *route_shares(uint8_t *smem, int kind, int n_in, int n_experts) {
-    return (float *)(smem + act_bytes(kind, n_in) + 64 * sizeof(float)) + (threadIdx.x >> 5) * n_experts;
-}
-
-/* Zeroes the warp's logits; pulls the router rows of its x rows and the
- * norm into L2 before the wait (weights, which no launch writes). */
-__device__ __forceinline__ void route_begin(const gemv_args &a, float *shares, int start, int stride, int G, int total) {
-    const int lane = threadIdx.x & 31, E = a.n_experts;
-#pragma unroll
-    for (int k = 0; k < ROUTE_PER_LANE; k++)
-        if (lane + 32 * k < E) shares[lane + 32 * k] = 0.0f;
-    for (int base = start; base < total; base += stride) {
-        const int rows = total - base < G ? total - base : G;
-        for (int off = lane * 32; off < rows * E; off += 32 * 32) prefetch_l2(a.route.wt + (int64_t)base * E + off);
-    }
-    prefetch_floats(a.route.norm, total);
-}
-
-/* Adds rows base .. base + G - 1 of x; x_new is row base + g's new value
- * in lane g * L. Every lane of the warp calls it. */
-__device__ __forceinline__ void route_rows(const gemv_args &a, float *shares, int base, int G, int L, int total,
-                                           float x_new) {
-    const int lane = threadIdx.x & 31, E = a.n_experts;
-    for (int g = 0; g < G; g++) {
-        const float x = __shfl_sync(FULL_MASK, x_new, g * L);
-        const int row = base + g;
-        if (row >= total) break; /* rows ascend: the whole warp stops */
-        const float v = x * __ldg(a.route.norm + row);
-        const float *wt = a.route.wt + (int64_t)row * E;
-#pragma unroll
-        for (int k = 0; k < ROUTE_PER_LANE; k++)
-            if (lane + 32 * k < E) shares[lane + 32 * k] += __ldg(wt + lane + 32 * k) * v;
-    }
-}
-
-/* The last block: the blocks' shares (float4 loads, all in flight), the
- * RMSNorm scale of x (n values), the logits, the routing. */
-__device__ __forceinline__ void route_from_shares(const gemv_args &a, const float *x, int n, uint8_t *smem) {
-    __shared__ float4 slices[GEMV_THREADS];
-    __shared__ double ss_scratch[32];
-    constexpr int LOADS = 16;
-    const int tid = threadIdx.x, nt = blockDim.x, E = a.n_experts, quads = E / 4, nb = gridDim.x;
-    const int Q = nt / quads, qd = tid % quads, q = tid / quads; /* thread: a quad of experts, a slice of blocks */
-    const float4 *part = (const float4 *)a.route.part;
-    float4 sum = float4{0.0f, 0.0f, 0.0f, 0.0f};
-    for (int b0 = q; q < Q && b0 < nb; b0 += LOADS * Q) {
-        float4 v[LOADS];
-#pragma unroll
-        for (int i = 0; i < LOADS; i++)
-            v[i] = b0 + i * Q < nb ? __ldcg(part + (int64_t)(b0 + i * Q) * quads + qd) : float4{0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < LOADS; i++) sum.x += v[i].x, sum.y += v[i].y, sum.z += v[i].z, sum.w += v[i].w;
-    }
-    if (q < Q) slices[tid] = sum;
-    double ss = 0.0; /* as stage_act sums it */
-    for (int i = tid * 4; i < n; i += nt * 4) {
-        const float4 v = __ldcg((const float4 *)(x + i));
-        ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
-    }
-    const float scale = rms_scale(block_sum_double(ss, ss_scratch), n, a.route.eps); /* a barrier: slices are in */
-    const float *slice = (const float *)slices; /* slice j's logit e at j * E + e */
-    float *p = (float *)(smem + 16);
-    for (int e = tid; e < E; e += nt) {
-        float l = 0.0f;
-        for (int j = 0; j < Q; j++) l += slice[j * E + e];
-        l *= scale;
-        p[e] = l;
-        a.route.logits[e] = l;
-    }
-    __syncthreads();
-    route_on_device(a, p);
-}
-
-/* The block's share of the logits (its warps' in order) into route.part;
- * the last block to finish routes. */
-__device__ __forceinline__ void route_residual(const gemv_args &a, const float *x, int n, int kind, int n_in,
-                                               uint8_t *smem) {
-    const int E = a.n_experts;
-    const float *shares = route_shares(smem, kind, n_in, E) - (threadIdx.x >> 5) * E; /* warp 0's */
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        float sum = 0.0f;
-        for (int w = 0; w < GEMV_WARPS; w++) sum += shares[w * E + e];
-        a.route.part[(int64_t)blockIdx.x * E + e] = sum;
-    }
-    if (last_block(a.counter, gridDim.x, (int *)smem)) route_from_shares(a, x, n, smem);
-}
-
 /* Rows a warp visits up to which gemv_kernel prefetches the next row
  * rather than keep the activation in registers, for the formats that opt
  * in with row_ahead (moe lab, Q4_K: the 4096 x 2048 projection 5.1 -> 4.8
@@ -669,8 +567,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         load_batch<F>(first, w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, w.units, sub, L);
     }
     prefetch_floats(a.in.norm, a.in.n);
-    float *const shares = EPI == EPI_RESIDUAL_ROUTE ? route_shares(smem, F::ACT, a.in.n, a.n_experts) : NULL;
-    if (EPI == EPI_RESIDUAL_ROUTE) route_begin(a, shares, start, stride, G, total);
     pdl_wait();
     pdl_launch_dependents();
     stage_act(F::ACT, a.in, smem, NULL, NULL);
@@ -680,16 +576,14 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     /* a row's lanes' partial sums: the group's sum to the output (every lane calls it) */
     auto finish_row = [&](int row, float acc) {
         acc = group_sum(acc, L);
-        if (row < total && sub == 0) {
-            int s, r;
-            locate(row, &s, &r);
-            const gemv_seg &sg = a.seg[s];
-            if (sg.bias) acc += sg.bias[r];
-            if (sg.accumulate) acc += sg.out[r];
-            sg.out[r] = acc;
-            if (acc > best || (acc == best && r < best_row)) best = acc, best_row = r;
-        }
-        if (EPI == EPI_RESIDUAL_ROUTE) route_rows(a, shares, row - grp, G, L, total, acc);
+        if (row >= total || sub != 0) return;
+        int s, r;
+        locate(row, &s, &r);
+        const gemv_seg &sg = a.seg[s];
+        if (sg.bias) acc += sg.bias[r];
+        if (sg.accumulate) acc += sg.out[r];
+        sg.out[r] = acc;
+        if (acc > best || (acc == best && r < best_row)) best = acc, best_row = r;
     };
     /* row by row with `dot_row(w, r, pre)`, the first row from `first` */
     auto run = [&](auto dot_row) {
@@ -737,16 +631,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         });
     }
     if (EPI == EPI_NONE) return;
-    if (EPI == EPI_RESIDUAL_ROUTE) {
-        route_residual(a, a.seg[0].out, total, F::ACT, a.in.n, smem);
-        return;
-    }
     int *flag = (int *)smem;
     if (EPI == EPI_ROUTER) {
-        if (last_block(a.counter, gridDim.x, flag)) {
-            load_logits((float *)(smem + 16), a.seg[0].out, a.n_experts);
-            route_on_device(a, (float *)(smem + 16));
-        }
+        if (last_block(a.counter, gridDim.x, flag)) route_on_device(a, (float *)(smem + 16));
         return;
     }
     /* EPI_ARGMAX: the block's best row, then the best of all blocks */
@@ -940,8 +827,6 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
             LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_ROUTER>), grid, GEMV_THREADS, smem, st, *a);                   \
         else if (a->epilogue == EPI_ARGMAX)                                                                    \
             LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_ARGMAX>), grid, GEMV_THREADS, smem, st, *a);                   \
-        else if (a->epilogue == EPI_RESIDUAL_ROUTE)                                                            \
-            LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_RESIDUAL_ROUTE>), grid, GEMV_THREADS, smem, st, *a);           \
         else                                                                                                   \
             LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_NONE>), grid, GEMV_THREADS, smem, st, *a);                     \
     }                                                                                                          \
@@ -968,8 +853,6 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
             e = cudaFuncSetAttribute(gemv_kernel<F, EPI_ROUTER>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
         if (e == cudaSuccess)                                                                                  \
             e = cudaFuncSetAttribute(gemv_kernel<F, EPI_ARGMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
-        if (e == cudaSuccess)                                                                                  \
-            e = cudaFuncSetAttribute(gemv_kernel<F, EPI_RESIDUAL_ROUTE>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
         if (e == cudaSuccess)                                                                                  \
             e = cudaFuncSetAttribute(ffn_up_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);   \
         if (e == cudaSuccess)                                                                                  \

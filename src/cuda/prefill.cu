@@ -117,9 +117,9 @@ static __global__ void shared_gate_kernel(float *out, const float *xn, const flo
  * routing (route_on_device), a warp per token over its logits. */
 static __global__ void route_kernel(gemv_args a, const float *logits, float *weights, int *ids) {
     DYN_SMEM(float, p);
+    a.seg[0].out = (float *)logits + (int64_t)blockIdx.x * a.n_experts;
     a.route_w = weights + (int64_t)blockIdx.x * a.k;
     a.route_ids = ids + (int64_t)blockIdx.x * a.k;
-    load_logits(p, logits + (int64_t)blockIdx.x * a.n_experts, a.n_experts);
     route_on_device(a, p);
 }
 
