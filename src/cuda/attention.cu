@@ -16,7 +16,11 @@
  * A warp walks its range in batches of BATCH positions whose key and value
  * loads are all issued before the first is used: a decode attention costs
  * the latency of dependent loads, not bandwidth. Each batch updates the
- * running (max m, sum l, output) of the online softmax once.
+ * running (max m, sum l, output) of the online softmax once. The first
+ * batch is loaded into registers before the launch's wait (cached
+ * positions never depend on the launch before) and the rest of the range
+ * pulled into L2; at short contexts a block has one batch, so no load
+ * follows the wait but q, k and v's.
  *
  * Every warp prepares its query head and its own copy of the new key and
  * value (normalised, rotated; a few hundred redundant flops instead of a
@@ -46,6 +50,8 @@
 template <int DPL>
 struct attn_shape {
     static constexpr int BATCH = 32 / DPL;
+    /* the first batch loaded before the wait; 256-dim heads would spill */
+    static constexpr bool PRELOAD = DPL <= 4;
 };
 
 #define ATTN_MAX_G 16      /* query heads per KV head: warps of a block */
@@ -163,52 +169,84 @@ __device__ __forceinline__ void prepare(const attn_args &a, int g, int h, int po
     rope_head<DPL>(k, cs, a.n_rot, a.neox, lane);
 }
 
-/* Positions [start, end) into the running (m, l, acc) of the online softmax,
- * a batch of B positions at a time: their B scores are independent warp
- * sums (in flight together), then one rescale per batch, not per position. */
+/* The keys and values of B consecutive positions, a lane's dims of each. */
 template <int DPL>
-__device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int start, int end, const float *q,
-                                       const float *k_new, const float *v_new, float &m, float &l, float *acc) {
-    constexpr int B = attn_shape<DPL>::BATCH;
+struct kv_batch {
+    static constexpr int B = attn_shape<DPL>::BATCH;
+    float k[B][DPL], v[B][DPL];
+};
+
+/* Positions p0, p0 + 1, ... of a batch from the cache, all loads issued
+ * together; the new position (not cached yet) and those past the end get
+ * zeros (put_new fills the new one in once it is made). */
+template <int DPL>
+__device__ __forceinline__ void load_cached(const attn_args &a, int g, int pos, int p0, int end, kv_batch<DPL> &b) {
     const int kv_dim = a.n_kv * a.hd, d0 = (threadIdx.x & 31) * DPL;
     const bool mine = d0 < a.hd;
     const float *k_cache = a.k_cache + g * a.hd + d0, *v_cache = a.v_cache + g * a.hd + d0;
+#pragma unroll
+    for (int j = 0; j < kv_batch<DPL>::B; j++) {
+        const int p = p0 + j;
+        const bool cached = p < end && p != pos;
+        load_dims<DPL>(k_cache + (int64_t)p * kv_dim, b.k[j], mine && cached);
+        load_dims<DPL>(v_cache + (int64_t)p * kv_dim, b.v[j], mine && cached);
+    }
+}
+
+template <int DPL>
+__device__ __forceinline__ void put_new(kv_batch<DPL> &b, int p0, int pos, const float *k_new, const float *v_new) {
+#pragma unroll
+    for (int j = 0; j < kv_batch<DPL>::B; j++)
+        if (p0 + j == pos)
+#pragma unroll
+            for (int i = 0; i < DPL; i++) b.k[j][i] = k_new[i], b.v[j][i] = v_new[i];
+}
+
+/* One batch into the running (m, l, acc) of the online softmax: its B
+ * scores are independent warp sums, then one rescale, not one a position. */
+template <int DPL>
+__device__ __forceinline__ void attend_batch(const kv_batch<DPL> &b, int p0, int end, const float *q, float scale,
+                                             float &m, float &l, float *acc) {
+    constexpr int B = kv_batch<DPL>::B;
+    float sc[B], m_new = m;
+#pragma unroll
+    for (int j = 0; j < B; j++) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) dot += q[i] * b.k[j][i];
+        sc[j] = p0 + j < end ? warp_sum(dot) * scale : -INFINITY;
+        m_new = fmaxf(m_new, sc[j]);
+    }
+    const float r = expf(m - m_new); /* m = -inf first: r = 0 */
+    l *= r;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) acc[i] *= r;
+#pragma unroll
+    for (int j = 0; j < B; j++) {
+        const float e = expf(sc[j] - m_new); /* past the end: 0 */
+        l += e;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] += e * b.v[j][i];
+    }
+    m = m_new;
+}
+
+/* Positions [start, end) into (m, l, acc), a batch at a time; the first
+ * batch (`first`) was loaded before the launch's wait. */
+template <int DPL>
+__device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int start, int end, const float *q,
+                                       const float *k_new, const float *v_new, kv_batch<DPL> &first, float &m,
+                                       float &l, float *acc) {
+    constexpr int B = kv_batch<DPL>::B;
     const float scale = 1.0f / sqrtf((float)a.hd);
+    put_new<DPL>(first, start, pos, k_new, v_new);
+    attend_batch<DPL>(first, start, end, q, scale, m, l, acc);
 #pragma unroll 1
-    for (int p0 = start; p0 < end; p0 += B) {
-        float kr[B][DPL], vr[B][DPL];
-#pragma unroll
-        for (int j = 0; j < B; j++) {
-            const int p = p0 + j;
-            if (p < end && p != pos) {
-                load_dims<DPL>(k_cache + (int64_t)p * kv_dim, kr[j], mine);
-                load_dims<DPL>(v_cache + (int64_t)p * kv_dim, vr[j], mine);
-            } else {
-#pragma unroll
-                for (int i = 0; i < DPL; i++) kr[j][i] = k_new[i], vr[j][i] = v_new[i];
-            }
-        }
-        float sc[B], m_new = m;
-#pragma unroll
-        for (int j = 0; j < B; j++) {
-            float dot = 0.0f;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) dot += q[i] * kr[j][i];
-            sc[j] = p0 + j < end ? warp_sum(dot) * scale : -INFINITY;
-            m_new = fmaxf(m_new, sc[j]);
-        }
-        const float r = expf(m - m_new); /* m = -inf first: r = 0 */
-        l *= r;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] *= r;
-#pragma unroll
-        for (int j = 0; j < B; j++) {
-            const float e = expf(sc[j] - m_new); /* past the end: 0 */
-            l += e;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] += e * vr[j][i];
-        }
-        m = m_new;
+    for (int p0 = start + B; p0 < end; p0 += B) {
+        kv_batch<DPL> b;
+        load_cached<DPL>(a, g, pos, p0, end, b);
+        put_new<DPL>(b, p0, pos, k_new, v_new);
+        attend_batch<DPL>(b, p0, end, q, scale, m, l, acc);
     }
 }
 
@@ -278,9 +316,13 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     const int balanced = max(B, (int)sqrtf(0.5f * (float)n_pos) / B * B);
     const int chunk = max(balanced, (n_pos + S - 1) / S), n_active = (n_pos + chunk - 1) / chunk;
     const int start = split * chunk, end = min(start + chunk, n_pos);
-    const int lines = (hd * (int)sizeof(float) + 127) / 128; /* of a head's key (or value) row */
-    for (int t = threadIdx.x; t < 2 * (end - start) * lines; t += blockDim.x) {
-        const int p = start + t / (2 * lines), c = t % (2 * lines);
+    /* The first batch in registers, the rest of the range into L2. */
+    constexpr bool preload = attn_shape<DPL>::PRELOAD;
+    kv_batch<DPL> first;
+    if constexpr (preload) load_cached<DPL>(a, g, pos, start, end, first);
+    const int lines = (hd * (int)sizeof(float) + 127) / 128, from = preload ? start + B : start;
+    for (int t = threadIdx.x; t < 2 * (end - from) * lines; t += blockDim.x) {
+        const int p = from + t / (2 * lines), c = t % (2 * lines);
         const float *cache = c < lines ? a.k_cache : a.v_cache;
         prefetch_l2((const uint8_t *)(cache + (int64_t)p * kv_dim + g * hd) + 128 * (c % lines));
     }
@@ -296,6 +338,7 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
 
     float q[DPL], k[DPL], v[DPL];
     prepare<DPL>(a, g, h, pos, q, k, v);
+    if constexpr (!preload) load_cached<DPL>(a, g, pos, start, end, first);
     if (h == 0 && pos >= start && pos < end) {
         store_dims<DPL>(a.k_cache + (int64_t)pos * kv_dim + g * hd + d0, k, mine);
         store_dims<DPL>(a.v_cache + (int64_t)pos * kv_dim + g * hd + d0, v, mine);
@@ -303,7 +346,7 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
-    attend<DPL>(a, g, pos, start, end, q, k, v, m, l, acc);
+    attend<DPL>(a, g, pos, start, end, q, k, v, first, m, l, acc);
 
     if (n_active == 1) { /* the whole range was this block's */
 #pragma unroll
