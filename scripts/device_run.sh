@@ -15,11 +15,13 @@
 #                pp512 with decode at depth 4096
 #   bench.json   the same as JSON
 #   build.log    configure + build, with ptxas' registers/spills per kernel
-#   kernels.log  tests/test_cuda_kernels (every GEMV type, experts by id)
+#   kernels.log  tests/test_cuda_kernels (every GEMV type, experts by id),
+#                at the end of forward.log
 #   forward.log  tests/test_cuda_forward (tiny/small models of every
 #                architecture) and the engine test, moe run --device cuda
 #   forward30b.log  the 30B-A3B q4_k file: GPU vs CPU over 64 positions
-#   env.txt      nvidia-smi, nvcc, SASS facts (16-byte loads, local memory)
+#   env.txt      nvidia-smi, nvcc, SASS facts (16-byte loads, local memory),
+#                at the end of build.log
 #   lab.md       moe lab: GEMVs and expert kernels beside pure reads, launch chains
 #   ncu.log      (MOE_NCU=1) Nsight Compute metrics of one decode step's kernels
 #   ncu_stalls.log  (MOE_NCU=1) where one layer's kernels' warps wait
@@ -249,8 +251,12 @@ fi
 } >"$OUT/results.md"
 cat "$OUT/results.md"
 # what comes back from the device is limited to eight files: the kernel
-# tests' log travels inside forward.log
-if [ -f "$OUT/kernels.log" ]; then
-    { echo "=== kernels.log"; cat "$OUT/kernels.log"; } >>"$OUT/forward.log"
-    rm -f "$OUT/kernels.log"
-fi
+# tests' log travels inside forward.log, env.txt inside build.log (with
+# experiment.log, that leaves eight)
+fold() { # fold FILE INTO
+    [ -f "$OUT/$1" ] || return 0
+    { echo "=== $1"; cat "$OUT/$1"; } >>"$OUT/$2"
+    rm -f "$OUT/$1"
+}
+fold kernels.log forward.log
+fold env.txt build.log
