@@ -187,6 +187,9 @@ static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, i
     }
     a.h = s->h;
     a.h_shared_off = s->n_ff_routed;
+    /* x comes from the o projection, two launches back when a router (or
+     * the routed experts' launch) ran in between */
+    a.act_ready = s->m->config.n_experts > 0 && live(s, CUDA_STAGE_ROUTER);
     a.lanes = pick_lanes(units, f->n > 1 ? f->n / 2 : 1);
     size_t smem = gemv_smem(f->act, in.n, 0);
     f->up(&a, grid_for(s, f, 1, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);

@@ -84,6 +84,8 @@ struct ffn_up_args {
     const float *shgate_w; /* the shared expert's gate vector, or NULL */
     float *shgate_out;
     int lanes;
+    int act_ready; /* the input was final before the launch before passed its wait (a MoE FFN after its
+                      router): staged before this launch's wait */
 };
 
 struct ffn_down_args {
