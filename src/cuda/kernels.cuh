@@ -440,24 +440,6 @@ __device__ __forceinline__ float dot_terms(const dmat &m, int row, int T, const 
     return acc;
 }
 
-/* The last block to arrive at `counter` returns true (and resets it for
- * the next launch); the writes of every block before are visible to it.
- * No fences: the block barrier orders the block's writes before thread 0's
- * ticket, whose release makes them visible with it and whose acquire
- * orders the last block's reads after all of them (PTX's memory model, as
- * the release/acquire grid barrier of `moe lab`, 0.3 us a link cheaper
- * than the fenced one). */
-__device__ __forceinline__ bool last_block(unsigned *counter, unsigned n_blocks, int *flag) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned ticket = add_acq_rel_gpu(counter, 1u);
-        *flag = ticket == n_blocks - 1;
-        if (*flag) *counter = 0;
-    }
-    __syncthreads();
-    return *flag != 0;
-}
-
 /* L2 prefetch of n floats that a kernel reads only after its wait but that
  * no launch writes (norm weights, a RoPE row), issued before the wait: the
  * weights streaming through L2 evict such small constants between layers,

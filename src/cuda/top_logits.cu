@@ -157,7 +157,7 @@ __device__ int select_top(const top_key *keys, int m, int n, top_key *out, top_s
 __global__ void top_logits_kernel(const float *logits, int n_vocab, int slice, int n, top_scratch s, int n_extra) {
     DYN_SMEM(top_key, keys);
     __shared__ top_select_smem sm;
-    __shared__ bool last;
+    __shared__ int last;
     const int t = (int)threadIdx.x;
     const int begin = (int)blockIdx.x * slice;
     const int m = n_vocab - begin < slice ? n_vocab - begin : slice;
@@ -170,12 +170,7 @@ __global__ void top_logits_kernel(const float *logits, int n_vocab, int slice, i
     top_key *mine = s.part + (size_t)blockIdx.x * n;
     const int got = select_top(keys, m, n, mine, &sm);
     for (int i = got + t; i < n; i += TOP_THREADS) mine[i] = 0;
-    __threadfence();
-    __syncthreads();
-    if (t == 0) last = atomicAdd(s.ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_block(s.ticket, gridDim.x, &last)) return;
     const int total = (int)gridDim.x * n;
     for (int i = t; i < total; i += TOP_THREADS) keys[i] = __ldcg(s.part + i);
     __syncthreads();
@@ -185,7 +180,6 @@ __global__ void top_logits_kernel(const float *logits, int n_vocab, int slice, i
     if (t == 0) {
         s.out->meta[0] = found;
         s.out->meta[1] = atomicExch(s.bad, INT_MAX);
-        *s.ticket = 0;
     }
 }
 
