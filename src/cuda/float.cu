@@ -83,9 +83,23 @@ DEFINE_CUDA_FORMAT(fmt_bf16, bf16)
  * per expert with the row spread over all its threads, so all of the
  * router's loads are in flight at once: the generic GEMV puts a router's
  * 128 rows on 16 blocks, a warp a row, four dependent round trips each.
- * Same arithmetic as gemv_kernel: the normalised input as stage_act makes
- * it, products in f32. */
+ * One pass over x after the wait: the norm's scale factors out of the
+ * sum (logit = scale * sum w_i g_i x_i), so the sum of squares (in double,
+ * as stage_act) and the dot share one block reduction. */
 #define ROUTER_THREADS 256
+
+/* The block's sums of (ss, dot); every thread gets them. */
+__device__ __forceinline__ void block_sum_pair(double *ss, float *dot, double *ss_scratch, float *dot_scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    double s = warp_sum_double(*ss);
+    float d = warp_sum(*dot);
+    if (lane == 0) ss_scratch[warp] = s, dot_scratch[warp] = d;
+    __syncthreads();
+    s = lane < nw ? ss_scratch[lane] : 0.0;
+    d = lane < nw ? dot_scratch[lane] : 0.0f;
+    *ss = warp_sum_double(s);
+    *dot = warp_sum(d);
+}
 
 __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args a) {
     DYN_SMEM(uint8_t, smem);
@@ -107,11 +121,6 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     pdl_wait();
     pdl_launch_dependents();
     double ss = 0.0;
-    for (int i = tid * 4; i < n; i += ROUTER_THREADS * 4) {
-        const float4 v = *(const float4 *)(a.in.src + i);
-        ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
-    }
-    const float scale = rms_scale(block_sum_double(ss, ss_scratch), n, a.in.eps); /* as stage_act */
     float dot = 0.0f;
     for (int k = 0, i = tid * 4; i < n; k++, i += ROUTER_THREADS * 4) {
         const float4 v = *(const float4 *)(a.in.src + i);
@@ -124,11 +133,12 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
         } else {
             c = ldg16(row + i), g = *(const float4 *)(a.in.norm + i);
         }
-        dot += __int_as_float((int)c.x) * (v.x * scale * g.x) + __int_as_float((int)c.y) * (v.y * scale * g.y) +
-               __int_as_float((int)c.z) * (v.z * scale * g.z) + __int_as_float((int)c.w) * (v.w * scale * g.w);
+        ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        dot += __int_as_float((int)c.x) * (v.x * g.x) + __int_as_float((int)c.y) * (v.y * g.y) +
+               __int_as_float((int)c.z) * (v.z * g.z) + __int_as_float((int)c.w) * (v.w * g.w);
     }
-    dot = block_sum(dot, dot_scratch);
-    if (tid == 0) a.seg[0].out[e] = dot;
+    block_sum_pair(&ss, &dot, ss_scratch, dot_scratch);
+    if (tid == 0) a.seg[0].out[e] = dot * rms_scale(ss, n, a.in.eps);
     if (last_block(a.counter, gridDim.x, (int *)smem)) route_on_device(a, (float *)(smem + 16));
 }
 
