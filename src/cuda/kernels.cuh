@@ -51,7 +51,9 @@
  *   ffn_up_kernel   h = silu(G x) * (U x) for the k routed experts read by
  *                   id from device memory, plus the shared expert, in one
  *                   launch; block 0 also computes the shared expert's
- *                   sigmoid gate.
+ *                   sigmoid gate. Behind a router it stages x before its
+ *                   wait (x was final two launches back), so only the ids
+ *                   and the weights follow the wait.
  *   ffn_down_kernel x += sum_j w_j D_{id_j} h_j + g * D_sh h_sh: every
  *                   output row reads the k experts' rows (flattened into
  *                   one stream of units) and writes the residual once, no
