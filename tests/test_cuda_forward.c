@@ -68,12 +68,12 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "test.h"
 
 #ifdef MOE_HAVE_CUDA
+#include "common/clock.h"
 #include "cpu/cpu.h"
 #include "cuda/cuda_backend.h"
 #include "model/synth.h"
@@ -90,12 +90,6 @@
 static bool is_float_type(moe_type t) { return t == MOE_TYPE_F32 || t == MOE_TYPE_F16 || t == MOE_TYPE_BF16; }
 
 static int n_positions = 64;
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* A synthetic model (seed 11) written to `path`. */
 static bool synth_file(const char *preset, const char *arch, bool mixtral, const char *type, const char *path) {
@@ -183,17 +177,17 @@ static void check_model(const model *m, const char *label, bool variants) {
     tokens_for(ids, n > 16 ? n : 16, vocab, 1234);
     moe_error err = {0};
     cuda_model *g = NULL;
-    double t0 = now();
+    double t0 = monotonic_seconds();
     CHECKF(cuda_model_new(m, &g, &err) == MOE_OK, "%s: %s", label, err.message);
     if (!g) {
         free(ids);
         return;
     }
-    double t1 = now();
+    double t1 = monotonic_seconds();
     float *want = cpu_logits(m, ids, n);
-    double t2 = now();
+    double t2 = monotonic_seconds();
     float *got = gpu_logits(g, m, ids, n, true, true);
-    double t3 = now();
+    double t3 = monotonic_seconds();
     /* Float weights: every position within TOL. Quantized weights: the
      * same, except that once an activation code has flipped (see the top
      * of this file) the positions from there on are held to FLIP_TOL. */

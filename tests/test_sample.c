@@ -6,8 +6,8 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
-#include <time.h>
 
+#include "common/clock.h"
 #include "sample/sample.h"
 #include "test.h"
 
@@ -529,12 +529,6 @@ static void test_logprob_is_the_log_softmax(void) {
     CHECK(isnan(sampler_logprob(logits, 5, 5)));
 }
 
-static double seconds_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int compare_doubles(const void *pa, const void *pb) {
     const double a = *(const double *)pa, b = *(const double *)pb;
     return (a > b) - (a < b);
@@ -547,9 +541,9 @@ static void time_one(const char *what, sampler_params params, const float *logit
     sampler s = make_sampler(params, n);
     for (int r = 0; r < REPEAT; r++) {
         memcpy(work, logits, (size_t)n * sizeof *work);
-        const double start = seconds_now();
+        const double start = monotonic_seconds();
         CHECK(sampler_sample(&s, work) >= 0);
-        spent[r] = seconds_now() - start;
+        spent[r] = monotonic_seconds() - start;
     }
     qsort(spent, REPEAT, sizeof *spent, compare_doubles);
     printf("  %-44s %8.1f us per sample (median)\n", what, spent[REPEAT / 2] * 1e6);

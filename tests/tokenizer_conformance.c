@@ -17,20 +17,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "gguf/gguf.h"
 #include "hf_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 #define MAX_REPORTED 8 /* failing cases printed in full */
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int fail(const char *what, const moe_error *err) {
     fprintf(stderr, "tokenizer_conformance: %s: %s\n", what, err->message);
@@ -134,9 +128,9 @@ static int bench(const char *name, const tokenizer *tk, const char *path) {
     int32_t *ids;
     size_t n_ids;
     moe_error err = {0};
-    double t0 = now_seconds();
+    double t0 = monotonic_seconds();
     moe_status st = tokenizer_encode(tk, text, size, 0, &ids, &n_ids, &err);
-    double dt = now_seconds() - t0;
+    double dt = monotonic_seconds() - t0;
     free(text);
     if (st != MOE_OK) return fail("bench", &err);
     printf("%s: encoded 1 MiB of English in %.1f ms (%zu tokens, %.1f MB/s)\n", name, dt * 1e3, n_ids, size / dt / 1e6);
@@ -160,12 +154,12 @@ static tokenizer *convert_and_load(const char *name, const char *json_path, cons
     else if (gguf_open(path, &file, &err) != MOE_OK)
         fail("reading the GGUF back", &err);
     else {
-        double t0 = now_seconds();
+        double t0 = monotonic_seconds();
         if (tokenizer_load(file, &tk, &err) != MOE_OK)
             fail("loading the vocabulary", &err);
         else
             printf("%s: %s/%s vocabulary of %u tokens loaded in %.0f ms\n", name, tokenizer_model_name(tk),
-                   tokenizer_pre_name(tk), tokenizer_n_vocab(tk), (now_seconds() - t0) * 1e3);
+                   tokenizer_pre_name(tk), tokenizer_n_vocab(tk), (monotonic_seconds() - t0) * 1e3);
     }
     gguf_close(file);
     gguf_writer_free(w);

@@ -32,9 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli.h"
+#include "common/clock.h"
 #include "cpu/cpu.h"
 #include "cuda/cuda_backend.h"
 #include "model/model.h"
@@ -63,12 +63,6 @@ static stat3 stats(double *v, int n) {
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     stat3 s = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v[0], v[n - 1]};
     return s;
-}
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* ------------------------------------------------------------ what a token reads */
@@ -371,9 +365,9 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
     if (cuda_memory_info(&used, &total, &err) != MOE_OK) return cli_fail("bench", &err);
     r->base_used_gb = used / 1e9;
     cuda_model *g = NULL;
-    double t0 = now();
+    double t0 = monotonic_seconds();
     if (cuda_model_new(m, &g, &err) != MOE_OK) return cli_fail("bench", &err);
-    r->upload_s = now() - t0;
+    r->upload_s = monotonic_seconds() - t0;
     snprintf(r->backend, sizeof r->backend, "CUDA (%s)", cuda_model_device_name(g));
     r->weights_gb = cuda_model_bytes(g) / 1e9;
     note_memory(r);
@@ -410,13 +404,13 @@ static int argmax(const float *x, int n) {
 /* Greedy generation of n tokens at positions from..; tokens per second. */
 static moe_status cpu_generate(cpu_state *s, int32_t tok, int from, int n, int vocab, float *logits, double *tps,
                                moe_error *err) {
-    double t0 = now();
+    double t0 = monotonic_seconds();
     for (int t = from; t < from + n; t++) {
         moe_status st = cpu_forward(s, &tok, 1, t, logits, false, err);
         if (st != MOE_OK) return st;
         tok = argmax(logits, vocab);
     }
-    *tps = n / (now() - t0);
+    *tps = n / (monotonic_seconds() - t0);
     return MOE_OK;
 }
 
@@ -433,9 +427,9 @@ static int bench_cpu(const model *m, const bench_args *a, report *r, const int32
     int status = logits ? 0 : cli_fail("bench", &(moe_error){MOE_ERR_NOMEM, "out of memory"});
     if (status == 0 && a->p > 0) {
         for (int i = -1; i < a->reps && status == 0; i++) {
-            double t0 = now();
+            double t0 = monotonic_seconds();
             if (cpu_forward(s, prompt, a->p, 0, logits, false, &err) != MOE_OK) status = cli_fail("bench", &err);
-            else if (i >= 0) tps[i] = a->p / (now() - t0);
+            else if (i >= 0) tps[i] = a->p / (monotonic_seconds() - t0);
         }
         char test[32];
         snprintf(test, sizeof test, "pp%d", a->p);

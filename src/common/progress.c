@@ -6,8 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "common/clock.h"
 
 struct progress {
     char label[64];
@@ -24,12 +25,6 @@ static bool force_terminal;
 
 void progress_force_terminal(bool force) { force_terminal = force; }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 progress *progress_start(const char *label, uint64_t total, double unit_scale, const char *unit) {
     if (!force_terminal && !isatty(STDERR_FILENO)) return NULL;
     progress *p = calloc(1, sizeof *p);
@@ -38,7 +33,7 @@ progress *progress_start(const char *label, uint64_t total, double unit_scale, c
     p->unit = unit;
     p->unit_scale = unit_scale;
     p->total = total ? total : 1;
-    p->start_s = p->last_draw_s = now_seconds();
+    p->start_s = p->last_draw_s = monotonic_seconds();
     pthread_mutex_init(&p->draw_lock, NULL);
     return p;
 }
@@ -63,7 +58,7 @@ static void draw(progress *p, uint64_t done, double now) {
 void progress_add(progress *p, uint64_t amount) {
     if (!p) return;
     uint64_t done = atomic_fetch_add(&p->done, amount) + amount;
-    double now = now_seconds();
+    double now = monotonic_seconds();
     if (now - p->last_draw_s < 0.1 || pthread_mutex_trylock(&p->draw_lock) != 0) return;
     p->last_draw_s = now;
     draw(p, done, now);
@@ -72,7 +67,7 @@ void progress_add(progress *p, uint64_t amount) {
 
 void progress_finish(progress *p) {
     if (!p) return;
-    draw(p, atomic_load(&p->done), now_seconds());
+    draw(p, atomic_load(&p->done), monotonic_seconds());
     fputc('\n', stderr);
     pthread_mutex_destroy(&p->draw_lock);
     free(p);

@@ -13,10 +13,13 @@
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 #include <ucontext.h>
 
 #include <vector>
+
+extern "C" {
+#include "common/clock.h"
+}
 
 dim3 sim_blockIdx, sim_blockDim, sim_gridDim;
 
@@ -245,15 +248,10 @@ cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
 struct sim_event {
     double t;
 };
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
 cudaError_t cudaEventCreate(cudaEvent_t *e) { *e = new sim_event{0}; return cudaSuccess; }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-    enqueue([=]() { e->t = now_ms(); });
+    enqueue([=]() { e->t = 1e3 * monotonic_seconds(); });
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }

@@ -34,13 +34,13 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <type_traits>
 
 #include "cuda/kernels.cuh"
 
 extern "C" {
+#include "common/clock.h"
 #include "cuda/cuda_backend.h"
 #include "quant/quant.h"
 }
@@ -817,12 +817,6 @@ moe_status cuda_lab_device(char *name, size_t len, int *n_sm, moe_error *err) {
 
 /* ---------------------------------------------------------------- sampling */
 
-static double host_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
-
 /* Logits spread like a model's: 4 x (a sum of 4 uniforms - 2). */
 static moe_status upload_logits(lab_ctx *c, float **out, int n) {
     uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -850,7 +844,7 @@ moe_status cuda_lab_top_logits(int n_vocab, int n, int n_extra, int reps, double
     if (st == MOE_OK) st = upload_logits(&c, &logits, n_vocab);
     int found = 0;
     for (int r = -1; r < reps && st == MOE_OK; r++) { /* r = -1: the warm-up makes the scratch */
-        const double t0 = host_us();
+        const double t0 = 1e6 * monotonic_seconds();
         if (n > 0)
             st = cuda_top_logits_at(&scratch, logits, n_vocab, c.stream, n, extra, n_extra, top, &found, extra_logits,
                                     err);
@@ -858,7 +852,7 @@ moe_status cuda_lab_top_logits(int n_vocab, int n, int n_extra, int reps, double
                      cudaSuccess ||
                  cudaStreamSynchronize(c.stream) != cudaSuccess)
             st = moe_error_set(err, MOE_ERR_IO, "lab: copying the logits back failed");
-        if (r >= 0) per[r] = host_us() - t0;
+        if (r >= 0) per[r] = 1e6 * monotonic_seconds() - t0;
     }
     if (st == MOE_OK) *us = median_of(per, reps);
     cuda_top_scratch_free(scratch);

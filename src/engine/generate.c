@@ -6,17 +6,11 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "engine/engine_internal.h"
 #include "engine/stop_filter.h"
-
-static double seconds_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 typedef struct generation {
     moe_session *s;
@@ -67,15 +61,15 @@ moe_status moe_generate(moe_session *s, const int32_t *prompt, size_t n_prompt, 
     generation g = {.s = s};
     stop_filter_init(&g.filter, p->stop, p->n_stop, p->on_text, p->user);
     moe_status st = tokenizer_detok_new(s->model->tok, 0, &g.detok, err);
-    double start = seconds_now();
+    double start = monotonic_seconds();
     if (st == MOE_OK) st = moe_session_feed(s, prompt, n_prompt, err);
-    double prompt_done = seconds_now();
+    double prompt_done = monotonic_seconds();
     result->prompt_seconds = prompt_done - start;
     int more = st == MOE_OK ? 1 : -1;
     while (more == 1) more = step(&g, p, result, err);
     if (more == 0) finish_text(&g);
     else st = err ? err->code : MOE_ERR_INVALID_ARG;
-    result->generate_seconds = seconds_now() - prompt_done;
+    result->generate_seconds = monotonic_seconds() - prompt_done;
     tokenizer_detok_free(g.detok);
     stop_filter_free(&g.filter);
     return st;

@@ -49,6 +49,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "server/api.h"
 #include "server/job.h"
@@ -109,12 +110,6 @@ typedef struct request {
     int status;      /* of the reply queued; 0 before */
     const char *end; /* how the request ended, for the log */
 } request;
-
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* A copy with anything but printable ASCII as '?': request lines go into
  * JSON error messages and the log, which must stay valid UTF-8 and one
@@ -398,7 +393,7 @@ static enum MHD_Result begin(server *srv, struct MHD_Connection *c, const char *
     if (!r) return MHD_NO;
     r->srv = srv;
     r->conn = c;
-    r->start = now_seconds();
+    r->start = monotonic_seconds();
     copy_printable(r->method, sizeof r->method, method);
     copy_printable(r->path, sizeof r->path, url);
     atomic_fetch_add(&srv->active, 1);
@@ -477,7 +472,7 @@ static const char *ending(enum MHD_RequestTerminationCode toe) {
  * held), milliseconds and how the connection ended. */
 static void log_access(const request *r, const job *j) {
     int tokens[3] = {j ? j->n_prompt : 0, j ? j->n_cached : 0, j ? j->n_generated : 0};
-    double ms = (now_seconds() - r->start) * 1e3;
+    double ms = (monotonic_seconds() - r->start) * 1e3;
     char stamp[32], status[8] = "-";
     time_t t = time(NULL);
     struct tm tm;
@@ -594,8 +589,8 @@ int server_port(const server *srv) {
 int server_n_ctx(const server *srv) { return slot_pool_n_ctx(srv->slots); }
 
 static void wait_for_replies(server *srv, double seconds) {
-    double until = now_seconds() + seconds;
-    while (atomic_load(&srv->active) > 0 && now_seconds() < until)
+    double until = monotonic_seconds() + seconds;
+    while (atomic_load(&srv->active) > 0 && monotonic_seconds() < until)
         nanosleep(&(struct timespec){0, 10000000}, NULL);
 }
 
