@@ -370,12 +370,6 @@ bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits) {
            G <= ATTN_MAX_G && n_splits >= 1 && n_splits <= ATTN_MAX_SPLITS;
 }
 
-/* Blocks per KV head: as many as fit on the GPU at once (a long context
- * is then read by every multiprocessor, several blocks each, so more of
- * its loads are in flight), at most the merge's ATTN_MAX_SPLITS. Two
- * blocks a multiprocessor instead of one (Qwen3-30B-A3B: 66 splits of
- * each of 4 KV heads) took decode at depth 4096 from 256 to 299 tok/s,
- * tg128 unchanged (bench/results/2026-12-01-s5). */
 /* The kernel for heads of hd dims (hd / 32 a lane). */
 typedef void (*attention_fn)(const attn_args);
 static attention_fn attention_kernel_for(int hd) {
@@ -383,6 +377,12 @@ static attention_fn attention_kernel_for(int hd) {
                                                                                       : attention_kernel<8>;
 }
 
+/* Blocks per KV head: as many as fit on the GPU at once (a long context
+ * is then read by every multiprocessor, several blocks each, so more of
+ * its loads are in flight), at most the merge's ATTN_MAX_SPLITS. Two
+ * blocks a multiprocessor instead of one (Qwen3-30B-A3B: 66 splits of
+ * each of 4 KV heads) took decode at depth 4096 from 256 to 299 tok/s,
+ * tg128 unchanged (bench/results/2026-12-01-s5). */
 int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
     int per_sm = 1;
     cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(hd), 32 * (n_heads / n_kv), 0);
