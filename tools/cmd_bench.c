@@ -146,6 +146,7 @@ typedef struct report {
     char note[256];
 #ifdef MOE_HAVE_CUDA
     cuda_stage_profile prof;
+    cuda_timeline timeline; /* of the middle layer, beside the profile */
     bool have_prof;
 #endif
 } report;
@@ -177,6 +178,27 @@ static void print_profile(const report *r) {
            "before each (no graph, no PDL). In graph: the step replayed as a CUDA graph (%d positions from %d) less "
            "the same with the stage left out, medians of %d.\n",
            ideal, CUDA_PROFILE_SPAN, p->pos, p->graph_reps);
+}
+
+/* One layer's launches inside the graph, from the GPU timer's marks. */
+static void print_timeline(const report *r) {
+    const cuda_timeline *t = &r->timeline;
+    printf("\n### layer %d inside the graph (position %d, median of %d replays; us from the first return of the "
+           "layer's first wait)\n\n",
+           t->layer, t->pos, t->reps);
+    printf("| stage | blocks | first start | last start | waits return | input staged (median, last) | work done "
+           "(median, last) | done |\n");
+    printf("| --- | ---: | ---: | ---: | --- | --- | --- | ---: |\n");
+    for (int i = 0; i < t->n; i++) {
+        const cuda_timeline_stage *g = &t->stages[i];
+        printf("| %s | %d | %.2f | %.2f | %.2f .. %.2f | %.2f, %.2f | %.2f, %.2f | %.2f |\n", r->prof.names[g->stage],
+               g->blocks, g->entry_first, g->entry_last, g->waited_first, g->waited_last, g->staged_median,
+               g->staged_last, g->worked_median, g->worked_last, g->done);
+    }
+    printf("\nMarks by thread 0 of each block (work done: after a block barrier in the matrix products, thread 0's "
+           "own in the attention and the router); done: the last block's work or epilogue (routing, the attention's "
+           "merge). Timer steps of %.0f ns seen.\n",
+           t->resolution_ns);
 }
 #endif
 
@@ -353,6 +375,22 @@ static int bench_cuda_profile(cuda_model *g, const bench_args *a, report *r, con
     return status;
 }
 
+/* The middle layer's timeline inside the graph, with the default options
+ * (graph and PDL), at the profile's position. */
+static int bench_cuda_timeline(cuda_model *g, const model *m, const bench_args *a, report *r, const int32_t *prompt) {
+    moe_error err = {0};
+    cuda_options o = cuda_default_options();
+    cuda_state *s = NULL;
+    int status = 0;
+    if (cuda_state_new(g, a->profile_pos + 1, &o, &s, &err) != MOE_OK) return cli_fail("bench", &err);
+    if ((a->profile_pos > 0 && cuda_decode_greedy(s, prompt[0], 0, a->profile_pos, NULL, NULL, &err) != MOE_OK) ||
+        cuda_timeline_layer(s, prompt[0], a->profile_pos, m->config.n_layers / 2, a->profile_reps, &r->timeline,
+                            &err) != MOE_OK)
+        status = cli_fail("bench", &err);
+    cuda_state_free(s);
+    return status;
+}
+
 static int bench_cuda(const model *m, const bench_args *a, report *r, const int32_t *prompt) {
     moe_error err = {0};
     double gbps[16];
@@ -389,6 +427,7 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
         cuda_state_free(s);
     }
     if (status == 0 && a->profile_reps > 0) status = bench_cuda_profile(g, a, r, prompt);
+    if (status == 0 && a->profile_reps > 0) status = bench_cuda_timeline(g, m, a, r, prompt);
     cuda_model_free(g);
     return status;
 }
@@ -473,7 +512,8 @@ static void print_help(void) {
            "  --bw-gib G         size of the read-bandwidth probe buffer (default 8)\n"
            "  --profile[=POS]    (GPU) also time each stage of a decode step at position POS\n"
            "                     (default 512): launch by launch, an event between stages, and\n"
-           "                     inside the CUDA graph, each stage left out in turn\n"
+           "                     inside the CUDA graph, each stage left out in turn; and the\n"
+           "                     middle layer's launches block by block inside the graph\n"
            "  --profile-reps R   repetitions of the profiled step (default 50)\n");
 }
 
@@ -581,7 +621,7 @@ int cmd_bench(int argc, char **argv) {
         if (a.json) print_json(r, &a);
         else print_markdown(r, &a);
 #ifdef MOE_HAVE_CUDA
-        if (!a.json && r->have_prof) print_profile(r);
+        if (!a.json && r->have_prof) print_profile(r), print_timeline(r);
 #endif
     }
     free(prompt);

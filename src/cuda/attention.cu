@@ -305,6 +305,7 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     const int G = a.n_heads / a.n_kv, hd = a.hd, g = blockIdx.x, split = blockIdx.y, S = a.n_splits;
     const int h = threadIdx.x >> 5, lane = threadIdx.x & 31, d0 = lane * DPL, kv_dim = a.n_kv * hd;
     const bool mine = d0 < hd;
+    trace_mark(a.trace, TRACE_ENTRY);
     /* The position and the cached keys and values were written by earlier
      * steps, complete before the launch before this one passed its own
      * wait: the range's rows are pulled into L2 while that launch runs. */
@@ -334,10 +335,12 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     }
     pdl_wait(); /* q, k, v of this position */
     pdl_launch_dependents();
+    trace_mark(a.trace, TRACE_WAITED);
     if (start >= end) return; /* past the position: not counted by the merge */
 
     float q[DPL], k[DPL], v[DPL];
     prepare<DPL>(a, g, h, pos, q, k, v);
+    trace_mark(a.trace, TRACE_STAGED);
     if constexpr (!preload) load_cached<DPL>(a, g, pos, start, end, first);
     if (h == 0 && pos >= start && pos < end) {
         store_dims<DPL>(a.k_cache + (int64_t)pos * kv_dim + g * hd + d0, k, mine);
@@ -347,6 +350,7 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
     attend<DPL>(a, g, pos, start, end, q, k, v, first, m, l, acc);
+    trace_mark(a.trace, TRACE_WORKED);
 
     if (n_active == 1) { /* the whole range was this block's */
 #pragma unroll
@@ -359,6 +363,7 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     if (lane == 0) part[0] = m, part[1] = l;
     if (!last_block(a.counters + g, n_active, &flag)) return;
     merge_splits<DPL>(a, g, h, n_active);
+    trace_mark(a.trace, TRACE_EXIT);
 }
 
 /* A lane holds hd / 32 dims (one, or none, below 32), rotary pairs must not straddle lanes unevenly,

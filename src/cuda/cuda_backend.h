@@ -138,6 +138,29 @@ typedef struct cuda_stage_profile {
 #define CUDA_PROFILE_SPAN 16
 moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cuda_stage_profile *out, moe_error *err);
 
+/* The timeline of one layer inside the graph (moe bench --profile): the
+ * step captured with that layer's launches marking the GPU's global timer
+ * (thread 0 of every block: at entry, when its wait for the launch before
+ * returns, when its input is staged, when its work is done, and when the
+ * last block's epilogue -- routing, the attention's merge -- is done),
+ * replayed `reps` times at position pos. Microseconds from the first wait
+ * of the layer's first launch; each the median over the replays. */
+typedef struct cuda_timeline_stage {
+    int stage, blocks;           /* CUDA_STAGE_*; blocks that marked their entry */
+    double entry_first, entry_last;
+    double waited_first, waited_last;
+    double staged_median, staged_last;
+    double worked_median, worked_last;
+    double done; /* the launch's end: its last block's work or epilogue */
+} cuda_timeline_stage;
+typedef struct cuda_timeline {
+    cuda_timeline_stage stages[CUDA_STAGE_COUNT];
+    int n, layer, pos, reps;
+    double resolution_ns; /* the smallest step seen between two marks */
+} cuda_timeline;
+moe_status cuda_timeline_layer(cuda_state *s, int32_t token, int pos, int layer, int reps, cuda_timeline *out,
+                               moe_error *err);
+
 /* Read bandwidth of this GPU: a kernel folds a buffer of `bytes` (made of
  * non-zero data) with 16-byte loads; GB/s of each of `runs` timed runs
  * after two warm-ups go to gbps[0..runs). */

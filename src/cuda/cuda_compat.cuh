@@ -35,6 +35,7 @@
 #endif
 
 extern "C" {
+#include "common/clock.h"
 #include "common/error.h"
 }
 
@@ -152,6 +153,37 @@ __device__ __forceinline__ void pdl_launch_dependents(void) { asm volatile("grid
 #endif
 
 #define FULL_MASK 0xffffffffu
+
+/* ------------------------------------------------------------ timeline marks */
+
+/* The timeline of one layer inside the graph (cuda_timeline_layer, moe
+ * bench --profile): thread 0 of each block of a traced launch records the
+ * GPU's global nanosecond timer at these points, block b's at
+ * trace[b * TRACE_POINTS + point]. Every other launch has trace NULL: one
+ * uniform branch on a kernel argument. */
+enum { TRACE_ENTRY, TRACE_WAITED, TRACE_STAGED, TRACE_WORKED, TRACE_EXIT, TRACE_POINTS };
+
+#ifdef MOE_CUDA_SIM
+static inline uint64_t global_ns(void) { return (uint64_t)(monotonic_seconds() * 1e9); }
+#else
+__device__ __forceinline__ uint64_t global_ns(void) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#endif
+
+__device__ __forceinline__ void trace_mark(uint64_t *trace, int point) {
+    if (trace && threadIdx.x == 0) trace[(blockIdx.y * gridDim.x + blockIdx.x) * TRACE_POINTS + point] = global_ns();
+}
+
+/* The same once every thread of the block is there (a barrier, traced
+ * launches only: the branch is uniform). */
+__device__ __forceinline__ void trace_block_mark(uint64_t *trace, int point) {
+    if (!trace) return;
+    __syncthreads();
+    trace_mark(trace, point);
+}
 
 /* Sum over the `width` lanes of each aligned group (width a power of two
  * <= 32); every lane of the warp must call it. */

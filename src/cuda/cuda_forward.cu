@@ -55,6 +55,12 @@ static void mark(cuda_state *s, int stage, double bytes) {
  * each stage costs inside the graph by leaving it out). */
 static bool live(const cuda_state *s, int stage) { return !(s->skip_stages >> stage & 1u); }
 
+/* Where the launch of `stage` in `layer` leaves its timeline marks: NULL
+ * but in the traced layer of a traced capture. */
+static uint64_t *trace_of(const cuda_state *s, int layer, int stage) {
+    return s->trace_on && layer == s->trace_layer ? s->trace + (size_t)stage * s->trace_blocks * TRACE_POINTS : NULL;
+}
+
 __global__ void set_step_kernel(int *step, int token, int pos) {
     pdl_wait();
     step[0] = token;
@@ -74,7 +80,8 @@ typedef struct gemv_out {
 } gemv_out;
 
 /* y = W in for each output; one launch per weight type among them. */
-static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int epilogue) {
+static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int epilogue,
+                 uint64_t *trace) {
     bool done[MAX_SEGS] = {false, false, false};
     for (int i = 0; i < n; i++) {
         if (done[i]) continue;
@@ -96,6 +103,7 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
         }
         a.lanes = pick_lanes(outs[i].w->units, f->n);
         a.epilogue = epilogue;
+        a.trace = trace;
         const model_config *c = &s->m->config;
         size_t smem = gemv_smem(f->act, in.n, epilogue == EPI_ROUTER ? c->n_experts : 0);
         if (epilogue == EPI_ROUTER) {
@@ -132,7 +140,7 @@ static void attention_block(cuda_state *s, int l) {
     gemv_out qkv[3] = {{&w->wq, s->qkv, w->bq},
                        {&w->wk, s->qkv + s->q_dim, w->bk},
                        {&w->wv, s->qkv + s->q_dim + s->kv_dim, w->bv}};
-    if (live(s, CUDA_STAGE_QKV)) gemv(s, in, qkv, 3, false, EPI_NONE);
+    if (live(s, CUDA_STAGE_QKV)) gemv(s, in, qkv, 3, false, EPI_NONE, trace_of(s, l, CUDA_STAGE_QKV));
     mark(s, CUDA_STAGE_QKV, dmat_bytes(&w->wq) + dmat_bytes(&w->wk) + dmat_bytes(&w->wv));
 
     attn_args a;
@@ -155,19 +163,20 @@ static void attention_block(cuda_state *s, int l) {
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
     a.n_splits = s->attn_splits;
+    a.trace = trace_of(s, l, CUDA_STAGE_ATTENTION);
     if (live(s, CUDA_STAGE_ATTENTION)) cuda_attention(&a, s->stream, s->opt.pdl);
     mark(s, CUDA_STAGE_ATTENTION, 2.0 * (s->prof_pos + 1) * s->kv_dim * sizeof(float));
 
     act_in att = {s->att, NULL, 0.0f, s->q_dim};
     gemv_out o = {&w->wo, s->x, NULL};
-    if (live(s, CUDA_STAGE_O)) gemv(s, att, &o, 1, true, EPI_NONE);
+    if (live(s, CUDA_STAGE_O)) gemv(s, att, &o, 1, true, EPI_NONE, trace_of(s, l, CUDA_STAGE_O));
     mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo));
 }
 
 /* h = silu(gate x) * (up x) for `n_routed` slots of a slab (ids NULL: the
  * dense FFN) and/or the shared expert. */
 static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, int n_routed, const int *ids,
-                   const cuda_layer *w, bool shared) {
+                   const cuda_layer *w, bool shared, uint64_t *trace) {
     const cuda_format *f = cuda_format_of(n_routed ? gate->type : w->sh_gate.type);
     ffn_up_args a;
     memset(&a, 0, sizeof a);
@@ -191,13 +200,14 @@ static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, i
      * the routed experts' launch) ran in between */
     a.act_ready = s->m->config.n_experts > 0 && live(s, CUDA_STAGE_ROUTER);
     a.lanes = pick_lanes(units, f->n > 1 ? f->n / 2 : 1);
+    a.trace = trace;
     size_t smem = gemv_smem(f->act, in.n, 0);
     f->up(&a, grid_for(s, f, 1, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
 }
 
 /* x += sum_j w_j down_j h_j (+ g * down_sh h_sh). */
 static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const int *ids, const float *route_w,
-                     const cuda_layer *w, bool shared) {
+                     const cuda_layer *w, bool shared, uint64_t *trace) {
     const cuda_format *f = cuda_format_of(n_routed ? down->type : w->sh_down.type);
     ffn_down_args a;
     memset(&a, 0, sizeof a);
@@ -218,6 +228,7 @@ static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const int *i
     a.in = act_in{s->h + first, NULL, 0.0f, len};
     a.x = s->x;
     a.lanes = pick_lanes(units, f->n);
+    a.trace = trace;
     size_t smem = gemv_smem(f->act, len, 0);
     int rows = n_routed ? down->rows : w->sh_down.rows;
     f->down(&a, grid_for(s, f, 2, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
@@ -228,30 +239,32 @@ static void ffn_block(cuda_state *s, int l) {
     const cuda_layer *w = &s->g->layers[l];
     act_in in = {s->x, w->ffn_norm, c->rms_eps, c->n_embd};
     if (c->n_experts == 0) {
-        if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, NULL, w, false);
+        if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, NULL, w, false, trace_of(s, l, CUDA_STAGE_UP));
         mark(s, CUDA_STAGE_UP, dmat_bytes(&w->ffn_gate) + dmat_bytes(&w->ffn_up));
-        if (live(s, CUDA_STAGE_DOWN)) ffn_down(s, &w->ffn_down, 1, NULL, NULL, w, false);
+        if (live(s, CUDA_STAGE_DOWN)) ffn_down(s, &w->ffn_down, 1, NULL, NULL, w, false, trace_of(s, l, CUDA_STAGE_DOWN));
         mark(s, CUDA_STAGE_DOWN, dmat_bytes(&w->ffn_down));
         return;
     }
     gemv_out r = {&w->router, s->router, NULL};
-    if (live(s, CUDA_STAGE_ROUTER)) gemv(s, in, &r, 1, false, EPI_ROUTER);
+    if (live(s, CUDA_STAGE_ROUTER)) gemv(s, in, &r, 1, false, EPI_ROUTER, trace_of(s, l, CUDA_STAGE_ROUTER));
     mark(s, CUDA_STAGE_ROUTER, dmat_bytes(&w->router));
     const int k = c->n_experts_used;
     const bool sh = w->has_shared;
     const double sh_up = sh ? dmat_bytes(&w->sh_gate) + dmat_bytes(&w->sh_up) : 0, sh_down = sh ? dmat_bytes(&w->sh_down) : 0;
     const bool up_together = sh && w->sh_gate.type == w->exp_gate.type;
-    if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->exp_gate, &w->exp_up, k, s->route_ids, w, up_together);
+    if (live(s, CUDA_STAGE_UP))
+        ffn_up(s, in, &w->exp_gate, &w->exp_up, k, s->route_ids, w, up_together, trace_of(s, l, CUDA_STAGE_UP));
     mark(s, CUDA_STAGE_UP, k * (dmat_bytes(&w->exp_gate) + dmat_bytes(&w->exp_up)) + (up_together ? sh_up : 0));
     if (sh && !up_together) {
-        if (live(s, CUDA_STAGE_SH_UP)) ffn_up(s, in, NULL, NULL, 0, NULL, w, true);
+        if (live(s, CUDA_STAGE_SH_UP)) ffn_up(s, in, NULL, NULL, 0, NULL, w, true, trace_of(s, l, CUDA_STAGE_SH_UP));
         mark(s, CUDA_STAGE_SH_UP, sh_up);
     }
     const bool down_together = sh && w->sh_down.type == w->exp_down.type;
-    if (live(s, CUDA_STAGE_DOWN)) ffn_down(s, &w->exp_down, k, s->route_ids, s->route_w, w, down_together);
+    if (live(s, CUDA_STAGE_DOWN))
+        ffn_down(s, &w->exp_down, k, s->route_ids, s->route_w, w, down_together, trace_of(s, l, CUDA_STAGE_DOWN));
     mark(s, CUDA_STAGE_DOWN, k * dmat_bytes(&w->exp_down) + (down_together ? sh_down : 0));
     if (sh && !down_together) {
-        if (live(s, CUDA_STAGE_SH_DOWN)) ffn_down(s, NULL, 0, NULL, NULL, w, true);
+        if (live(s, CUDA_STAGE_SH_DOWN)) ffn_down(s, NULL, 0, NULL, NULL, w, true, trace_of(s, l, CUDA_STAGE_SH_DOWN));
         mark(s, CUDA_STAGE_SH_DOWN, sh_down);
     }
 }
@@ -260,7 +273,7 @@ static void head(cuda_state *s) {
     const model_config *c = &s->m->config;
     act_in in = {s->x, s->g->output_norm, c->rms_eps, c->n_embd};
     gemv_out o = {&s->g->output, s->logits, NULL};
-    if (live(s, CUDA_STAGE_HEAD)) gemv(s, in, &o, 1, false, EPI_ARGMAX);
+    if (live(s, CUDA_STAGE_HEAD)) gemv(s, in, &o, 1, false, EPI_ARGMAX, NULL);
     mark(s, CUDA_STAGE_HEAD, dmat_bytes(&s->g->output));
 }
 
@@ -475,6 +488,148 @@ moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cu
     return st == MOE_OK ? profile_in_graph(s, token, pos, out->graph_reps, out, err) : st;
 }
 
+/* ---------------------------------------------------------------- the timeline of a layer */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median_double(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+enum { TL_ENTRY_FIRST, TL_ENTRY_LAST, TL_WAITED_FIRST, TL_WAITED_LAST, TL_STAGED_MEDIAN, TL_STAGED_LAST,
+       TL_WORKED_MEDIAN, TL_WORKED_LAST, TL_DONE, TL_FIELDS };
+
+/* One launch's marks (blocks x TRACE_POINTS, 0: not marked) as the
+ * timeline's fields, microseconds from t0; the number of blocks that
+ * entered. `tmp`: room for `blocks` values. */
+static int timeline_fields(const uint64_t *marks, int blocks, uint64_t t0, double *field, double *tmp) {
+    auto us = [&](uint64_t t) { return ((double)t - (double)t0) * 1e-3; };
+    int entered = 0;
+    double first[TRACE_POINTS], last[TRACE_POINTS], median[TRACE_POINTS], done = -INFINITY;
+    for (int p = 0; p < TRACE_POINTS; p++) {
+        int n = 0;
+        first[p] = INFINITY, last[p] = -INFINITY;
+        for (int b = 0; b < blocks; b++) {
+            const uint64_t t = marks[(size_t)b * TRACE_POINTS + p];
+            if (!t) continue;
+            tmp[n++] = us(t);
+            first[p] = fmin(first[p], us(t)), last[p] = fmax(last[p], us(t));
+            if (p == TRACE_WORKED || p == TRACE_EXIT) done = fmax(done, us(t));
+        }
+        median[p] = n ? median_double(tmp, n) : NAN;
+        if (p == TRACE_ENTRY) entered = n;
+    }
+    const double v[TL_FIELDS] = {first[TRACE_ENTRY],   last[TRACE_ENTRY],   first[TRACE_WAITED],
+                                 last[TRACE_WAITED],   median[TRACE_STAGED], last[TRACE_STAGED],
+                                 median[TRACE_WORKED], last[TRACE_WORKED],  done};
+    for (int f = 0; f < TL_FIELDS; f++) field[f] = isfinite(v[f]) ? v[f] : NAN;
+    return entered;
+}
+
+/* The smallest non-zero difference between two marks of one replay. */
+static double timer_step_ns(uint64_t *marks, size_t n) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (marks[i]) marks[k++] = marks[i];
+    qsort(marks, k, sizeof *marks, [](const void *a, const void *b) {
+        uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+        return x < y ? -1 : x > y ? 1 : 0;
+    });
+    double step = INFINITY;
+    for (size_t i = 1; i < k; i++)
+        if (marks[i] > marks[i - 1]) step = fmin(step, (double)(marks[i] - marks[i - 1]));
+    return step;
+}
+
+/* Replays the traced graph `reps` times at pos and takes each field's
+ * median; `vals`: reps x CUDA_STAGE_COUNT x TL_FIELDS. */
+static moe_status trace_replays(cuda_state *s, int32_t token, int pos, int reps, double *vals, int *blocks,
+                                double *resolution, moe_error *err) {
+    const size_t n = (size_t)CUDA_STAGE_COUNT * s->trace_blocks * TRACE_POINTS;
+    uint64_t *marks = (uint64_t *)malloc(n * sizeof *marks);
+    double *tmp = (double *)malloc((size_t)s->trace_blocks * sizeof *tmp);
+    if (!marks || !tmp) {
+        free(marks), free(tmp);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    moe_status st = MOE_OK;
+    for (int r = -1; r < reps && st == MOE_OK; r++) { /* r = -1: warm-up (and the capture) */
+        cudaError_t e = cudaMemsetAsync(s->trace, 0, n * sizeof *marks, s->stream);
+        if (e == cudaSuccess && (st = set_step(s, token, pos, err)) == MOE_OK && (st = run_step(s, err)) == MOE_OK)
+            e = cudaMemcpyAsync(marks, s->trace, n * sizeof *marks, cudaMemcpyDeviceToHost, s->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(s->stream);
+        if (e != cudaSuccess) st = moe_error_set(err, MOE_ERR_IO, "traced step failed: %s", cudaGetErrorName(e));
+        if (st != MOE_OK || r < 0) continue;
+        /* t0: the first wait that returned in the layer's first launch */
+        uint64_t t0 = 0;
+        for (int k = 0; k < CUDA_STAGE_COUNT && !t0; k++)
+            for (int b = 0; b < s->trace_blocks; b++) {
+                const uint64_t t = marks[((size_t)k * s->trace_blocks + b) * TRACE_POINTS + TRACE_WAITED];
+                if (t && (!t0 || t < t0)) t0 = t;
+            }
+        for (int k = 0; k < CUDA_STAGE_COUNT; k++)
+            blocks[k] = timeline_fields(marks + (size_t)k * s->trace_blocks * TRACE_POINTS, s->trace_blocks, t0,
+                                        vals + ((size_t)r * CUDA_STAGE_COUNT + k) * TL_FIELDS, tmp);
+        *resolution = fmin(*resolution, timer_step_ns(marks, n));
+    }
+    free(marks);
+    free(tmp);
+    return st;
+}
+
+moe_status cuda_timeline_layer(cuda_state *s, int32_t token, int pos, int layer, int reps, cuda_timeline *out,
+                               moe_error *err) {
+    memset(out, 0, sizeof *out);
+    const model_config *c = &s->m->config;
+    if (reps <= 0 || layer < 0 || layer >= c->n_layers || pos < 0 || pos >= s->n_ctx)
+        return moe_error_set(err, MOE_ERR_RANGE, "no layer %d or position %d to trace", layer, pos);
+    if (!s->trace) {
+        int most = s->max_grid;
+        if (c->n_kv_heads * s->attn_splits > most) most = c->n_kv_heads * s->attn_splits;
+        if (c->n_experts > most) most = c->n_experts;
+        s->trace_blocks = most;
+        CUDA_CHECK(cudaMalloc(&s->trace, (size_t)CUDA_STAGE_COUNT * most * TRACE_POINTS * sizeof(uint64_t)));
+    }
+    double *vals = (double *)malloc((size_t)reps * CUDA_STAGE_COUNT * TL_FIELDS * sizeof(double));
+    double *col = (double *)malloc((size_t)reps * sizeof(double));
+    if (!vals || !col) {
+        free(vals), free(col);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    }
+    if (s->graph_ready) cudaGraphExecDestroy(s->graph);
+    s->graph_ready = false;
+    const bool graph = s->opt.graph;
+    s->opt.graph = true;
+    s->trace_on = true, s->trace_layer = layer;
+    int blocks[CUDA_STAGE_COUNT];
+    out->resolution_ns = INFINITY;
+    moe_status st = trace_replays(s, token, pos, reps, vals, blocks, &out->resolution_ns, err);
+    s->trace_on = false;
+    s->opt.graph = graph;
+    if (s->graph_ready) cudaGraphExecDestroy(s->graph);
+    s->graph_ready = false;
+    for (int k = 0; st == MOE_OK && k < CUDA_STAGE_COUNT; k++) {
+        if (!blocks[k]) continue;
+        double f[TL_FIELDS];
+        for (int i = 0; i < TL_FIELDS; i++) {
+            for (int r = 0; r < reps; r++) col[r] = vals[((size_t)r * CUDA_STAGE_COUNT + k) * TL_FIELDS + i];
+            f[i] = median_double(col, reps);
+        }
+        out->stages[out->n++] = cuda_timeline_stage{k, blocks[k], f[TL_ENTRY_FIRST], f[TL_ENTRY_LAST],
+                                                    f[TL_WAITED_FIRST], f[TL_WAITED_LAST], f[TL_STAGED_MEDIAN],
+                                                    f[TL_STAGED_LAST], f[TL_WORKED_MEDIAN], f[TL_WORKED_LAST],
+                                                    f[TL_DONE]};
+    }
+    out->layer = layer, out->pos = pos, out->reps = reps;
+    free(vals);
+    free(col);
+    return st;
+}
+
 /* ---------------------------------------------------------------- the state */
 
 static bool env_flag(const char *name, bool fallback) {
@@ -632,6 +787,7 @@ void cuda_state_free(cuda_state *s) {
     if (s->ev[1]) cudaEventDestroy(s->ev[1]);
     cuda_prefill_free(s);
     cuda_top_free(s);
+    if (s->trace) cudaFree(s->trace);
     if (s->stream) cudaStreamDestroy(s->stream);
     if (s->mem) cudaFree(s->mem);
     free(s);

@@ -70,6 +70,7 @@ struct gemv_args {
     int *part_idx;
     int *step;    /* [0] token, [1] position */
     int *history; /* history[pos] = the argmax after position pos */
+    uint64_t *trace; /* timeline marks (cuda_compat.cuh), or NULL */
 };
 
 struct ffn_up_args {
@@ -86,6 +87,7 @@ struct ffn_up_args {
     int lanes;
     int act_ready; /* the input was final before the launch before passed its wait (a MoE FFN after its
                       router): staged before this launch's wait */
+    uint64_t *trace;
 };
 
 struct ffn_down_args {
@@ -101,6 +103,7 @@ struct ffn_down_args {
     int shared_act_off;
     float *x;
     int lanes;
+    uint64_t *trace;
 };
 
 struct attn_args {
@@ -116,6 +119,7 @@ struct attn_args {
     float *part;                   /* (n_kv, n_splits, G, hd + 2) */
     unsigned *counters;            /* (n_kv) */
     int n_heads, n_kv, hd, n_splits;
+    uint64_t *trace;
 };
 
 /* ---------------------------------------------------------------- formats */
@@ -284,6 +288,10 @@ struct cuda_state {
     double *prof_bytes;
     int prof_n, prof_cap, prof_pos;
     bool prof_on;
+    /* the timeline of one layer (cuda_timeline_layer): marks of each stage's launch */
+    uint64_t *trace;      /* (CUDA_STAGE_COUNT, trace_blocks, TRACE_POINTS), made on first use */
+    int trace_blocks, trace_layer;
+    bool trace_on;
     struct prefill_scratch *prefill; /* the batched prefill's scratch (prefill.cu), made on first use */
     struct top_scratch *top;         /* cuda_top_logits' scratch (top_logits.cu), made on first use */
 };

@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     __shared__ float dot_scratch[32];
     const dmat &w = a.seg[0].w;
     const int n = a.in.n, e = blockIdx.x, tid = threadIdx.x;
+    trace_mark(a.trace, TRACE_ENTRY);
     const float *row = (const float *)(w.body + (int64_t)e * w.row_stride);
     /* The row in registers before the wait (weights never depend on the
      * launch before): its DRAM round trip overlaps that launch and the norm. */
@@ -120,6 +121,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     }
     pdl_wait();
     pdl_launch_dependents();
+    trace_mark(a.trace, TRACE_WAITED);
     double ss = 0.0;
     float dot = 0.0f;
     for (int k = 0, i = tid * 4; i < n; k++, i += ROUTER_THREADS * 4) {
@@ -139,7 +141,10 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     }
     block_sum_pair(&ss, &dot, ss_scratch, dot_scratch);
     if (tid == 0) a.seg[0].out[e] = dot * rms_scale(ss, n, a.in.eps);
-    if (last_block(a.counter, gridDim.x, (int *)smem)) route_on_device(a, (float *)(smem + 16));
+    trace_mark(a.trace, TRACE_WORKED);
+    if (!last_block(a.counter, gridDim.x, (int *)smem)) return;
+    route_on_device(a, (float *)(smem + 16));
+    trace_mark(a.trace, TRACE_EXIT);
 }
 
 bool cuda_router_fits(const gemv_args *a) {

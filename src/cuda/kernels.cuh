@@ -534,6 +534,7 @@ struct row_ahead {
 template <class F, int EPI>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     DYN_SMEM(uint8_t, smem);
+    trace_mark(a.trace, TRACE_ENTRY);
     const int L = a.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane & (L - 1), grp = lane / L;
     const int total = a.seg_end[a.n_seg - 1];
@@ -555,7 +556,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     prefetch_floats(a.in.norm, a.in.n);
     pdl_wait();
     pdl_launch_dependents();
+    trace_mark(a.trace, TRACE_WAITED);
     stage_act(F::ACT, a.in, smem, NULL, NULL);
+    trace_mark(a.trace, TRACE_STAGED);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     float best = -INFINITY;
     int best_row = 0x7fffffff;
@@ -616,10 +619,14 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
                                 L, sub, pre);
         });
     }
+    trace_block_mark(a.trace, TRACE_WORKED);
     if (EPI == EPI_NONE) return;
     int *flag = (int *)smem;
     if (EPI == EPI_ROUTER) {
-        if (last_block(a.counter, gridDim.x, flag)) route_on_device(a, (float *)(smem + 16));
+        if (last_block(a.counter, gridDim.x, flag)) {
+            route_on_device(a, (float *)(smem + 16));
+            trace_mark(a.trace, TRACE_EXIT);
+        }
         return;
     }
     /* EPI_ARGMAX: the block's best row, then the best of all blocks */
@@ -684,14 +691,17 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         return p;
     };
     const int U = a.n_routed ? a.gate.units : a.sh_gate.units;
+    trace_mark(a.trace, TRACE_ENTRY);
     if (a.act_ready) {
         stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
+        trace_mark(a.trace, TRACE_STAGED);
     } else {
         prefetch_floats(a.in.norm, a.in.n);
         prefetch_floats(a.shgate_w, a.in.n);
     }
     pdl_wait(); /* the router's ids */
     pdl_launch_dependents();
+    trace_mark(a.trace, TRACE_WAITED);
     /* once a block: a warp's later rows then locate theirs without an L2 round trip */
     if (threadIdx.x < a.n_routed) slot_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
     __syncthreads();
@@ -700,7 +710,10 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         const pair_rows p = locate(start + grp);
         load_pair<F>(first, p.gb, p.gm, p.ub, p.um, U, sub, L);
     }
-    if (!a.act_ready) stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
+    if (!a.act_ready) {
+        stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
+        trace_mark(a.trace, TRACE_STAGED);
+    }
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     auto run = [&](auto dot_pair) {
         auto do_row = [&](int base, const pair_batch<F> *pre) {
@@ -735,6 +748,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
             dot_units_pair<F>(p.gb, p.gm, p.ub, p.um, U, av, L, sub, g, u, pre);
         });
     }
+    trace_block_mark(a.trace, TRACE_WORKED);
 }
 
 template <class F>
@@ -747,6 +761,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     const int sub = lane & (L - 1), grp = lane / L;
     const int total = a.n_routed ? a.down.rows : a.sh_down.rows;
     const int start = (blockIdx.x * GEMV_WARPS + warp) * G, stride = gridDim.x * GEMV_WARPS * G;
+    trace_mark(a.trace, TRACE_ENTRY);
     /* The ids were written by the router two launches back, which finished
      * before the launch before this one passed its own wait: they may be
      * read before this launch's wait, and so may the first rows. */
@@ -764,12 +779,14 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     }
     pdl_wait();
     pdl_launch_dependents();
+    trace_mark(a.trace, TRACE_WAITED);
     if (threadIdx.x < a.n_routed) {
         ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
         weights[threadIdx.x] = a.route_w ? a.route_w[threadIdx.x] : 1.0f;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
     stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
+    trace_mark(a.trace, TRACE_STAGED);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     auto do_row = [&](int base, const term_batches<F> *pre) {
         const int row = base + grp;
@@ -789,6 +806,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         if (valid && sub == 0) a.x[row] += acc;
     };
     for_each_row(start, stride, total, first, do_row);
+    trace_block_mark(a.trace, TRACE_WORKED);
 }
 
 /* ---------------------------------------------------------------- embedding */
