@@ -257,6 +257,17 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, int g, int h, i
     const bool mine = d0 < hd;
     const float *part = a.part + ((size_t)g * a.n_splits * G + h) * (hd + 2);
     const size_t stride = (size_t)G * (hd + 2); /* between splits */
+    /* Partial outputs of MB splits a round, the first round's loaded with
+     * the m and l: at 513 positions (33 splits) three round trips, not six. */
+    constexpr int MB = 48 / DPL < 16 ? 48 / DPL : 16;
+    float o[MB][DPL];
+    auto load_round = [&](int s0) {
+#pragma unroll
+        for (int j = 0; j < MB; j++)
+#pragma unroll
+            for (int i = 0; i < DPL; i++) o[j][i] = mine && s0 + j < n ? __ldcg(part + (s0 + j) * stride + 2 + d0 + i) : 0.0f;
+    };
+    load_round(0);
     constexpr int J = ATTN_MAX_SPLITS / 32;
     float ms[J], ls[J]; /* splits lane, lane + 32, ... */
 #pragma unroll
@@ -279,14 +290,9 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, int g, int h, i
     float out[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) out[i] = 0.0f;
-    constexpr int MB = 8; /* splits whose partial outputs are loaded together */
 #pragma unroll 1
     for (int s0 = 0; s0 < n; s0 += MB) {
-        float o[MB][DPL];
-#pragma unroll
-        for (int j = 0; j < MB; j++)
-#pragma unroll
-            for (int i = 0; i < DPL; i++) o[j][i] = mine && s0 + j < n ? __ldcg(part + (s0 + j) * stride + 2 + d0 + i) : 0.0f;
+        if (s0) load_round(s0);
 #pragma unroll
         for (int j = 0; j < MB; j++) {
             const int s = s0 + j; /* uniform over the warp */

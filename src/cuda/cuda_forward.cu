@@ -9,8 +9,9 @@
  *     q|k|v = W (RMSNorm x) (+ bias)                     gemv (norm fused)
  *     q/k norm, RoPE, append k v, attention               attention
  *     x += Wo att                                          gemv (residual)
- *     router logits, softmax|sigmoid, top-k, weights       gemv (last block routes)
- *     h = silu(G_e xn) * (U_e xn), k experts (+ shared)    ffn_up (ids on device)
+ *     router logits                                        gemv (router_kernel)
+ *     softmax|sigmoid, top-k, weights; then                each block of both:
+ *     h = silu(G_e xn) * (U_e xn), k experts (+ shared)    ffn_up
  *     x += sum w_e D_e h_e (+ g D_sh h_sh)                 ffn_down
  *   logits = W_out (RMSNorm x), argmax -> step[0], step[1] += 1
  *
@@ -79,9 +80,12 @@ typedef struct gemv_out {
     const float *bias;
 } gemv_out;
 
+/* What a gemv() launch is for: the router's logits go to router_kernel
+ * when it fits, the head's launch takes the argmax. */
+enum { GEMV_PLAIN, GEMV_ROUTER, GEMV_HEAD };
+
 /* y = W in for each output; one launch per weight type among them. */
-static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int epilogue,
-                 uint64_t *trace) {
+static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int kind, uint64_t *trace) {
     bool done[MAX_SEGS] = {false, false, false};
     for (int i = 0; i < n; i++) {
         if (done[i]) continue;
@@ -102,27 +106,17 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
             a.seg_end[a.n_seg++] = rows;
         }
         a.lanes = pick_lanes(outs[i].w->units, f->n);
-        a.epilogue = epilogue;
+        a.epilogue = kind == GEMV_HEAD ? EPI_ARGMAX : EPI_NONE;
         a.trace = trace;
-        const model_config *c = &s->m->config;
-        size_t smem = gemv_smem(f->act, in.n, epilogue == EPI_ROUTER ? c->n_experts : 0);
-        if (epilogue == EPI_ROUTER) {
+        if (kind == GEMV_HEAD) {
             a.counter = s->counters;
-            a.route_w = s->route_w;
-            a.route_ids = s->route_ids;
-            a.n_experts = c->n_experts;
-            a.k = c->n_experts_used;
-            a.gating = c->gating == GATING_SIGMOID;
-            a.norm_topk = c->norm_topk;
-            a.w_scale = c->expert_weights_scale;
-        } else if (epilogue == EPI_ARGMAX) {
-            a.counter = s->counters + 1;
             a.part_val = s->part_val;
             a.part_idx = s->part_idx;
             a.step = s->step;
             a.history = s->history;
         }
-        if (epilogue == EPI_ROUTER && cuda_router_fits(&a)) cuda_router(&a, smem, s->stream, s->opt.pdl);
+        const size_t smem = gemv_smem(f->act, in.n);
+        if (kind == GEMV_ROUTER && cuda_router_fits(&a)) cuda_router(&a, s->stream, s->opt.pdl);
         else f->gemv(&a, grid_for(s, f, 0, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
     }
 }
@@ -140,7 +134,7 @@ static void attention_block(cuda_state *s, int l) {
     gemv_out qkv[3] = {{&w->wq, s->qkv, w->bq},
                        {&w->wk, s->qkv + s->q_dim, w->bk},
                        {&w->wv, s->qkv + s->q_dim + s->kv_dim, w->bv}};
-    if (live(s, CUDA_STAGE_QKV)) gemv(s, in, qkv, 3, false, EPI_NONE, trace_of(s, l, CUDA_STAGE_QKV));
+    if (live(s, CUDA_STAGE_QKV)) gemv(s, in, qkv, 3, false, GEMV_PLAIN, trace_of(s, l, CUDA_STAGE_QKV));
     mark(s, CUDA_STAGE_QKV, dmat_bytes(&w->wq) + dmat_bytes(&w->wk) + dmat_bytes(&w->wv));
 
     attn_args a;
@@ -158,7 +152,7 @@ static void attention_block(cuda_state *s, int l) {
     a.step = s->step;
     a.out = s->att;
     a.part = s->attn_part;
-    a.counters = s->counters + 2;
+    a.counters = s->counters + 1;
     a.n_heads = c->n_heads;
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
@@ -169,21 +163,31 @@ static void attention_block(cuda_state *s, int l) {
 
     act_in att = {s->att, NULL, 0.0f, s->q_dim};
     gemv_out o = {&w->wo, s->x, NULL};
-    if (live(s, CUDA_STAGE_O)) gemv(s, att, &o, 1, true, EPI_NONE, trace_of(s, l, CUDA_STAGE_O));
+    if (live(s, CUDA_STAGE_O)) gemv(s, att, &o, 1, true, GEMV_PLAIN, trace_of(s, l, CUDA_STAGE_O));
     mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo));
 }
 
-/* h = silu(gate x) * (up x) for `n_routed` slots of a slab (ids NULL: the
- * dense FFN) and/or the shared expert. */
-static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, int n_routed, const int *ids,
-                   const cuda_layer *w, bool shared, uint64_t *trace) {
+/* How the FFN launches of a MoE layer route themselves: from the router
+ * launch's logits. */
+static route_spec route_of(const cuda_state *s) {
+    const model_config *c = &s->m->config;
+    return route_spec{s->router, c->n_experts, c->n_experts_used, c->gating == GATING_SIGMOID, c->norm_topk,
+                      c->expert_weights_scale};
+}
+
+/* h = silu(gate x) * (up x) for `n_routed` slots of a slab (routed by
+ * the router's logits; a dense FFN: one slot, expert 0) and/or the shared
+ * expert. */
+static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, int n_routed, const cuda_layer *w,
+                   bool shared, uint64_t *trace) {
     const cuda_format *f = cuda_format_of(n_routed ? gate->type : w->sh_gate.type);
     ffn_up_args a;
     memset(&a, 0, sizeof a);
     a.in = in;
     int rows = 0, units = 0;
     if (n_routed) {
-        a.gate = *gate, a.up = *up, a.n_routed = n_routed, a.ids = ids;
+        a.gate = *gate, a.up = *up, a.n_routed = n_routed;
+        if (s->m->config.n_experts) a.route = route_of(s);
         rows += n_routed * gate->rows;
         units = gate->units;
     }
@@ -201,19 +205,20 @@ static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, i
     a.act_ready = s->m->config.n_experts > 0 && live(s, CUDA_STAGE_ROUTER);
     a.lanes = pick_lanes(units, f->n > 1 ? f->n / 2 : 1);
     a.trace = trace;
-    size_t smem = gemv_smem(f->act, in.n, 0);
+    const size_t smem = ffn_smem(f->act, in.n, a.route.logits ? a.route.n_experts : 0);
     f->up(&a, grid_for(s, f, 1, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
 }
 
 /* x += sum_j w_j down_j h_j (+ g * down_sh h_sh). */
-static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const int *ids, const float *route_w,
-                     const cuda_layer *w, bool shared, uint64_t *trace) {
+static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const cuda_layer *w, bool shared,
+                     uint64_t *trace) {
     const cuda_format *f = cuda_format_of(n_routed ? down->type : w->sh_down.type);
     ffn_down_args a;
     memset(&a, 0, sizeof a);
     int first = n_routed ? 0 : s->n_ff_routed, len = 0, units = 0;
     if (n_routed) {
-        a.down = *down, a.n_routed = n_routed, a.ids = ids, a.route_w = route_w;
+        a.down = *down, a.n_routed = n_routed;
+        if (s->m->config.n_experts) a.route = route_of(s);
         a.routed_act_stride = down->cols;
         len = n_routed * down->cols;
         units = n_routed * down->units;
@@ -229,7 +234,7 @@ static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const int *i
     a.x = s->x;
     a.lanes = pick_lanes(units, f->n);
     a.trace = trace;
-    size_t smem = gemv_smem(f->act, len, 0);
+    const size_t smem = ffn_smem(f->act, len, a.route.logits ? a.route.n_experts : 0);
     int rows = n_routed ? down->rows : w->sh_down.rows;
     f->down(&a, grid_for(s, f, 2, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
 }
@@ -239,32 +244,32 @@ static void ffn_block(cuda_state *s, int l) {
     const cuda_layer *w = &s->g->layers[l];
     act_in in = {s->x, w->ffn_norm, c->rms_eps, c->n_embd};
     if (c->n_experts == 0) {
-        if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, NULL, w, false, trace_of(s, l, CUDA_STAGE_UP));
+        if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, w, false, trace_of(s, l, CUDA_STAGE_UP));
         mark(s, CUDA_STAGE_UP, dmat_bytes(&w->ffn_gate) + dmat_bytes(&w->ffn_up));
-        if (live(s, CUDA_STAGE_DOWN)) ffn_down(s, &w->ffn_down, 1, NULL, NULL, w, false, trace_of(s, l, CUDA_STAGE_DOWN));
+        if (live(s, CUDA_STAGE_DOWN)) ffn_down(s, &w->ffn_down, 1, w, false, trace_of(s, l, CUDA_STAGE_DOWN));
         mark(s, CUDA_STAGE_DOWN, dmat_bytes(&w->ffn_down));
         return;
     }
     gemv_out r = {&w->router, s->router, NULL};
-    if (live(s, CUDA_STAGE_ROUTER)) gemv(s, in, &r, 1, false, EPI_ROUTER, trace_of(s, l, CUDA_STAGE_ROUTER));
+    if (live(s, CUDA_STAGE_ROUTER)) gemv(s, in, &r, 1, false, GEMV_ROUTER, trace_of(s, l, CUDA_STAGE_ROUTER));
     mark(s, CUDA_STAGE_ROUTER, dmat_bytes(&w->router));
     const int k = c->n_experts_used;
     const bool sh = w->has_shared;
     const double sh_up = sh ? dmat_bytes(&w->sh_gate) + dmat_bytes(&w->sh_up) : 0, sh_down = sh ? dmat_bytes(&w->sh_down) : 0;
     const bool up_together = sh && w->sh_gate.type == w->exp_gate.type;
     if (live(s, CUDA_STAGE_UP))
-        ffn_up(s, in, &w->exp_gate, &w->exp_up, k, s->route_ids, w, up_together, trace_of(s, l, CUDA_STAGE_UP));
+        ffn_up(s, in, &w->exp_gate, &w->exp_up, k, w, up_together, trace_of(s, l, CUDA_STAGE_UP));
     mark(s, CUDA_STAGE_UP, k * (dmat_bytes(&w->exp_gate) + dmat_bytes(&w->exp_up)) + (up_together ? sh_up : 0));
     if (sh && !up_together) {
-        if (live(s, CUDA_STAGE_SH_UP)) ffn_up(s, in, NULL, NULL, 0, NULL, w, true, trace_of(s, l, CUDA_STAGE_SH_UP));
+        if (live(s, CUDA_STAGE_SH_UP)) ffn_up(s, in, NULL, NULL, 0, w, true, trace_of(s, l, CUDA_STAGE_SH_UP));
         mark(s, CUDA_STAGE_SH_UP, sh_up);
     }
     const bool down_together = sh && w->sh_down.type == w->exp_down.type;
     if (live(s, CUDA_STAGE_DOWN))
-        ffn_down(s, &w->exp_down, k, s->route_ids, s->route_w, w, down_together, trace_of(s, l, CUDA_STAGE_DOWN));
+        ffn_down(s, &w->exp_down, k, w, down_together, trace_of(s, l, CUDA_STAGE_DOWN));
     mark(s, CUDA_STAGE_DOWN, k * dmat_bytes(&w->exp_down) + (down_together ? sh_down : 0));
     if (sh && !down_together) {
-        if (live(s, CUDA_STAGE_SH_DOWN)) ffn_down(s, NULL, 0, NULL, NULL, w, true, trace_of(s, l, CUDA_STAGE_SH_DOWN));
+        if (live(s, CUDA_STAGE_SH_DOWN)) ffn_down(s, NULL, 0, w, true, trace_of(s, l, CUDA_STAGE_SH_DOWN));
         mark(s, CUDA_STAGE_SH_DOWN, sh_down);
     }
 }
@@ -273,7 +278,7 @@ static void head(cuda_state *s) {
     const model_config *c = &s->m->config;
     act_in in = {s->x, s->g->output_norm, c->rms_eps, c->n_embd};
     gemv_out o = {&s->g->output, s->logits, NULL};
-    if (live(s, CUDA_STAGE_HEAD)) gemv(s, in, &o, 1, false, EPI_ARGMAX, NULL);
+    if (live(s, CUDA_STAGE_HEAD)) gemv(s, in, &o, 1, false, GEMV_HEAD, NULL);
     mark(s, CUDA_STAGE_HEAD, dmat_bytes(&s->g->output));
 }
 
@@ -653,7 +658,7 @@ static void *carve(uint8_t *base, size_t *used, size_t bytes) {
 
 static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     const model_config *c = &s->m->config;
-    const int G = c->n_heads / c->n_kv_heads, k = c->n_experts ? c->n_experts_used : 1;
+    const int G = c->n_heads / c->n_kv_heads;
     const size_t cache = (size_t)c->n_layers * s->n_ctx * s->kv_dim;
     *used = 0;
     s->k_cache = (float *)carve(base, used, cache * sizeof(float));
@@ -662,8 +667,6 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->qkv = (float *)carve(base, used, (size_t)(s->q_dim + 2 * s->kv_dim) * sizeof(float));
     s->att = (float *)carve(base, used, (size_t)s->q_dim * sizeof(float));
     s->router = (float *)carve(base, used, (size_t)(c->n_experts + 1) * sizeof(float));
-    s->route_w = (float *)carve(base, used, (size_t)k * sizeof(float));
-    s->route_ids = (int *)carve(base, used, (size_t)k * sizeof(int));
     s->shgate = (float *)carve(base, used, sizeof(float));
     s->h = (float *)carve(base, used, (size_t)s->h_len * sizeof(float));
     s->logits = (float *)carve(base, used, (size_t)c->n_vocab * sizeof(float));
@@ -672,7 +675,7 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->part_idx = (int *)carve(base, used, (size_t)s->max_grid * sizeof(int));
     s->step = (int *)carve(base, used, 2 * sizeof(int));
     s->history = (int *)carve(base, used, (size_t)(s->n_ctx + 1) * sizeof(int));
-    s->counters = (unsigned *)carve(base, used, (size_t)(2 + c->n_kv_heads) * sizeof(unsigned));
+    s->counters = (unsigned *)carve(base, used, (size_t)(1 + c->n_kv_heads) * sizeof(unsigned));
     s->rope = (float *)carve(base, used, (size_t)s->n_ctx * c->n_rot * sizeof(float));
 }
 
@@ -682,7 +685,7 @@ static size_t max_smem(const cuda_state *s) {
     size_t most = 0;
     const int inputs[] = {c->n_embd, s->q_dim, s->h_len};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
-        size_t b = gemv_smem(ACT_F32, inputs[i], c->n_experts); /* f32 staging is the largest */
+        size_t b = ffn_smem(ACT_F32, inputs[i], c->n_experts); /* f32 staging is the largest */
         if (b > most) most = b;
     }
     return most;

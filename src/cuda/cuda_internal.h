@@ -17,7 +17,7 @@ extern "C" {
 }
 
 enum { ACT_Q8K, ACT_Q80, ACT_F32 };                 /* activation (dot) types */
-enum { EPI_NONE, EPI_ROUTER, EPI_ARGMAX };          /* gemv epilogues */
+enum { EPI_NONE, EPI_ARGMAX };                      /* gemv epilogues */
 enum { MAX_EXPERTS_USED = 32, MAX_SEGS = 3 };
 #define GEMV_THREADS 512 /* threads of a matrix-vector block (kernels.cuh) */
 #define GEMV_WARPS (GEMV_THREADS / 32)
@@ -59,13 +59,8 @@ struct gemv_args {
     int seg_end[MAX_SEGS]; /* cumulative rows */
     int lanes;             /* lanes per row, a power of two <= 32 */
     int epilogue;
-    unsigned *counter;     /* last-block ticket (router, argmax) */
-    /* router */
-    float *route_w;
-    int *route_ids;
-    int n_experts, k, gating, norm_topk;
-    float w_scale;
     /* argmax */
+    unsigned *counter; /* last-block ticket */
     float *part_val;
     int *part_idx;
     int *step;    /* [0] token, [1] position */
@@ -73,10 +68,20 @@ struct gemv_args {
     uint64_t *trace; /* timeline marks (cuda_compat.cuh), or NULL */
 };
 
+/* How a MoE FFN launch routes itself from the router's logits, as
+ * route_tokens in cpu_forward.c: softmax (gating 0) or sigmoid, the k
+ * largest, their weights renormalised (norm_topk) and scaled. */
+struct route_spec {
+    const float *logits; /* n_experts logits; NULL: the launch is given its experts */
+    int n_experts, k, gating, norm_topk;
+    float w_scale;
+};
+
 struct ffn_up_args {
     act_in in;
     dmat gate, up;     /* routed slabs (or a dense FFN's matrices) */
     int n_routed;      /* slots of routed experts in this launch (0: none) */
+    route_spec route;  /* the slots' experts from the router's logits, or: */
     const int *ids;    /* expert of each slot; NULL: expert 0 (dense) */
     dmat sh_gate, sh_up;
     int has_shared;
@@ -94,6 +99,7 @@ struct ffn_down_args {
     act_in in;
     dmat down;
     int n_routed;
+    route_spec route;     /* as ffn_up's, or: */
     const int *ids;
     const float *route_w; /* NULL: weight 1 */
     int routed_act_stride;
@@ -209,19 +215,20 @@ __host__ __device__ inline size_t act_bytes(int kind, int n) {
     return align16((size_t)n) + align16((size_t)n / 256 * 4) + align16((size_t)n / 16 * 2);
 }
 
-/* Shared memory of route_on_device (kernels.cuh): the probabilities, the
- * chosen weights and ids, a block reduction's scratch. */
-inline size_t route_smem(int n_experts) {
-    return ((size_t)((n_experts + 3) & ~3) + 2 * MAX_EXPERTS_USED + 32) * sizeof(float);
+/* Shared memory of route_block (kernels.cuh): the probabilities, their
+ * sort keys, the chosen experts and weights. */
+__host__ __device__ inline size_t route_smem(int n_experts) {
+    return align16((size_t)n_experts * sizeof(float)) + (size_t)n_experts * sizeof(uint64_t) +
+           4 * MAX_EXPERTS_USED * sizeof(float);
 }
 
-/* Dynamic shared memory of a gemv-family launch: the activation, the
- * block-sum scratch, and the router's part (after a 16-byte flag) when it
- * routes. */
-inline size_t gemv_smem(int kind, int n, int n_experts) {
-    size_t bytes = act_bytes(kind, n) + 64 * sizeof(float);
-    size_t router = 16 + route_smem(n_experts);
-    return bytes > router ? bytes : router;
+/* Dynamic shared memory of a gemv-family launch: the activation and the
+ * block-sum scratch (at least 64 floats: the argmax's flag and partials). */
+__host__ __device__ inline size_t gemv_smem(int kind, int n) { return act_bytes(kind, n) + 64 * sizeof(float); }
+
+/* An FFN launch's: gemv_smem's, then route_block's when it routes. */
+__host__ __device__ inline size_t ffn_smem(int kind, int n, int n_experts) {
+    return gemv_smem(kind, n) + (n_experts ? route_smem(n_experts) : 0);
 }
 
 /* Blocks of a matrix-vector launch over `rows` rows (GEMV_WARPS * 32 /
@@ -263,8 +270,6 @@ struct cuda_state {
     float *qkv;               /* (q_dim + 2 kv_dim) */
     float *att;               /* (q_dim) */
     float *router;            /* (n_experts) logits */
-    float *route_w;           /* (k) */
-    int *route_ids;           /* (k) */
     float *shgate;            /* (1) */
     float *h;                 /* (k n_ff_expert + n_ff_shared) or (n_ff) */
     float *logits;            /* (n_vocab) */
@@ -274,7 +279,7 @@ struct cuda_state {
     int *step;                /* [0] token, [1] position */
     int *history;             /* (n_ctx + 1) argmax after each position */
     float *rope;              /* (n_ctx, n_rot) cos | sin, see attention.cu */
-    unsigned *counters;       /* [0] router, [1] argmax, [2..] attention per KV head */
+    unsigned *counters;       /* [0] argmax, [1..] attention per KV head */
     int q_dim, kv_dim, n_ff_routed, h_len;
     int attn_splits;
     int max_grid;
@@ -306,10 +311,10 @@ moe_status cuda_top_logits_at(struct top_scratch **scratch, const float *logits,
 void cuda_top_scratch_free(struct top_scratch *s);
 void cuda_top_free(cuda_state *s);
 
-/* The router of an F32 matrix (float.cu): logits, then the routing as
- * gemv_kernel's EPI_ROUTER does it, one block per expert. */
+/* The router's logits from an F32 matrix (float.cu), the RMSNorm fused,
+ * one block per expert; the FFN launches route from them. */
 bool cuda_router_fits(const gemv_args *a);
-void cuda_router(const gemv_args *a, size_t smem, cudaStream_t st, bool pdl);
+void cuda_router(const gemv_args *a, cudaStream_t st, bool pdl);
 
 /* Attention (attention.cu). */
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl);

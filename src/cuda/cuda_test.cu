@@ -87,7 +87,7 @@ moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, cons
         a.n_seg = 1;
         a.seg_end[0] = rows;
         a.lanes = pick_lanes(m.units, f->n);
-        size_t smem = gemv_smem(f->act, cols, 0);
+        size_t smem = gemv_smem(f->act, cols);
         cudaError_t e = cudaMemcpy(dx, x, (size_t)cols * 4, cudaMemcpyHostToDevice);
         if (e == cudaSuccess) e = cudaMemset(dy, 0xff, (size_t)rows * 4);
         if (e == cudaSuccess) e = cuda_allow_smem_all((int)smem > 48 * 1024 ? (int)smem : 48 * 1024);
@@ -133,13 +133,13 @@ moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, i
         ua.gate = m[0], ua.up = m[1], ua.n_routed = k, ua.ids = dids, ua.h = dh;
         ua.h_shared_off = k * n_ff;
         ua.lanes = pick_lanes(m[0].units, f->n > 1 ? f->n / 2 : 1);
-        size_t su = gemv_smem(f->act, n_embd, 0);
+        size_t su = gemv_smem(f->act, n_embd);
         ffn_down_args da;
         memset(&da, 0, sizeof da);
         da.in = act_in{dh, NULL, 0.0f, k * n_ff};
         da.down = m[2], da.n_routed = k, da.ids = dids, da.route_w = dw, da.routed_act_stride = n_ff, da.x = dy;
         da.lanes = pick_lanes(k * m[2].units, fd->n);
-        size_t sd = gemv_smem(fd->act, k * n_ff, 0);
+        size_t sd = gemv_smem(fd->act, k * n_ff);
         size_t most = su > sd ? su : sd;
         cudaError_t e = cudaMemcpy(dx, x, (size_t)n_embd * 4, cudaMemcpyHostToDevice);
         if (e == cudaSuccess) e = cudaMemcpy(dy, y0, (size_t)n_embd * 4, cudaMemcpyHostToDevice);

@@ -79,8 +79,8 @@ DEFINE_CUDA_FORMAT(fmt_bf16, bf16)
 
 /* ---------------------------------------------------------------- the router */
 
-/* logits = W_r RMSNorm(x) for an F32 router, then the routing. One block
- * per expert with the row spread over all its threads, so all of the
+/* logits = W_r RMSNorm(x) for an F32 router (the FFN launches after it
+ * route from them, kernels.cuh). One block per expert with the row spread over all its threads, so all of the
  * router's loads are in flight at once: the generic GEMV puts a router's
  * 128 rows on 16 blocks, a warp a row, four dependent round trips each.
  * One pass over x after the wait: the norm's scale factors out of the
@@ -102,7 +102,6 @@ __device__ __forceinline__ void block_sum_pair(double *ss, float *dot, double *s
 }
 
 __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args a) {
-    DYN_SMEM(uint8_t, smem);
     __shared__ double ss_scratch[32];
     __shared__ float dot_scratch[32];
     const dmat &w = a.seg[0].w;
@@ -142,9 +141,6 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     block_sum_pair(&ss, &dot, ss_scratch, dot_scratch);
     if (tid == 0) a.seg[0].out[e] = dot * rms_scale(ss, n, a.in.eps);
     trace_mark(a.trace, TRACE_WORKED);
-    if (!last_block(a.counter, gridDim.x, (int *)smem)) return;
-    route_on_device(a, (float *)(smem + 16));
-    trace_mark(a.trace, TRACE_EXIT);
 }
 
 bool cuda_router_fits(const gemv_args *a) {
@@ -152,6 +148,6 @@ bool cuda_router_fits(const gemv_args *a) {
            !a->seg[0].accumulate;
 }
 
-void cuda_router(const gemv_args *a, size_t smem, cudaStream_t st, bool pdl) {
-    LAUNCH_PDL(pdl, router_kernel, a->seg[0].w.rows, ROUTER_THREADS, smem, st, *a);
+void cuda_router(const gemv_args *a, cudaStream_t st, bool pdl) {
+    LAUNCH_PDL(pdl, router_kernel, a->seg[0].w.rows, ROUTER_THREADS, 0, st, *a);
 }

@@ -46,18 +46,26 @@
  *
  * Three kernels use this machinery:
  *   gemv_kernel     y = W x (+ bias) (+= into y): q|k|v, o + residual,
- *                   the router (last block: softmax/sigmoid, top-k,
- *                   weights), the output head (last block: argmax).
- *   ffn_up_kernel   h = silu(G x) * (U x) for the k routed experts read by
- *                   id from device memory, plus the shared expert, in one
- *                   launch; block 0 also computes the shared expert's
- *                   sigmoid gate. Behind a router it stages x before its
- *                   wait (x was final two launches back), so only the ids
- *                   and the weights follow the wait.
+ *                   the router's logits, the output head (last block:
+ *                   argmax).
+ *   ffn_up_kernel   h = silu(G x) * (U x) for the k routed experts, plus
+ *                   the shared expert, in one launch; block 0 also
+ *                   computes the shared expert's sigmoid gate. Behind a
+ *                   router it stages x before its wait (x was final two
+ *                   launches back); after it every block routes itself
+ *                   from the router's logits (route_block: softmax or
+ *                   sigmoid, top-k, weights), then the weights follow.
  *   ffn_down_kernel x += sum_j w_j D_{id_j} h_j + g * D_sh h_sh: every
  *                   output row reads the k experts' rows (flattened into
  *                   one stream of units) and writes the residual once, no
- *                   atomics, deterministic.
+ *                   atomics, deterministic. Its blocks route before their
+ *                   wait (the logits are two launches back) and load
+ *                   their rows.
+ * Routing in every block of the two launches that need the experts
+ * replaced the router's last block routing behind a ticket: the ticket,
+ * the reload of the logits and the ids' round trip left the critical path
+ * (the timeline of moe bench --profile showed the last block routing for
+ * 4.7 us while gate/up waited).
  */
 #ifndef MOE_CUDA_KERNELS_CUH
 #define MOE_CUDA_KERNELS_CUH
@@ -138,6 +146,99 @@ __device__ __forceinline__ float rms_scale(double ss, int n, float eps) {
 }
 
 
+__device__ __forceinline__ void load8(const float *p, float *v) {
+    const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
+/* Where stage_act writes an activation of n values as Q8_K or Q8_0 (what
+ * act_view_of reads). */
+struct act_dest {
+    int8_t *q;
+    float *d;
+    int16_t *s16;
+};
+
+__device__ __forceinline__ act_dest act_dest_of(uint8_t *smem, int n) {
+    return act_dest{(int8_t *)smem, (float *)(smem + align16((size_t)n)),
+                    (int16_t *)(smem + align16((size_t)n) + align16((size_t)n / 256 * 4))};
+}
+
+/* Chunk c of 256 values into shared memory as `kind` (Q8_K or Q8_0), a
+ * warp's: lane l holds v = values [256 c + 8 l, +8), `valid` when they are
+ * inside the input (n is a multiple of 32: all 8 or none). */
+__device__ __forceinline__ void quantize_chunk(int kind, const float *v, int c, bool valid, const act_dest &a) {
+    const int lane = threadIdx.x & 31, base = c * 256 + lane * 8;
+    int codes[8];
+    if (kind == ACT_Q8K) {
+        /* q8_k.c: the value of largest magnitude (the first one) maps to -127 */
+        float amax = 0.0f, vmax = 0.0f;
+        int imax = 0x7fffffff;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            if (fabsf(v[k]) > amax) amax = fabsf(v[k]), vmax = v[k], imax = base + k;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            float oa = __shfl_xor_sync(FULL_MASK, amax, off), ov = __shfl_xor_sync(FULL_MASK, vmax, off);
+            int oi = __shfl_xor_sync(FULL_MASK, imax, off);
+            if (oa > amax || (oa == amax && oi < imax)) amax = oa, vmax = ov, imax = oi;
+        }
+        float iscale = amax != 0.0f ? -127.0f / vmax : 0.0f;
+        bool zero = amax == 0.0f || !isfinite(iscale);
+        int sum = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            codes[k] = zero ? 0 : __float2int_rn(fminf(fmaxf(iscale * v[k], -127.0f), 127.0f));
+            sum += codes[k];
+        }
+        sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+        if (valid && (lane & 1) == 0) a.s16[base >> 4] = (int16_t)sum;
+        if (lane == 0) a.d[c] = zero ? 0.0f : 1.0f / iscale;
+    } else {
+        /* q8_0.c: d = amax / 127, q = round(x / d) */
+        float amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) amax = fmaxf(amax, fabsf(v[k]));
+        amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 2));
+        float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+#pragma unroll
+        for (int k = 0; k < 8; k++) codes[k] = (int)roundf(fminf(fmaxf(v[k] * id, -127.0f), 127.0f));
+        if (valid && (lane & 3) == 0) a.d[base >> 5] = f2h_round(dd);
+    }
+    if (valid) {
+        uint2 packed;
+        packed.x = (codes[0] & 0xff) | (codes[1] & 0xff) << 8 | (codes[2] & 0xff) << 16 | (unsigned)(codes[3] & 0xff) << 24;
+        packed.y = (codes[4] & 0xff) | (codes[5] & 0xff) << 8 | (codes[6] & 0xff) << 16 | (unsigned)(codes[7] & 0xff) << 24;
+        *(uint2 *)(a.q + base) = packed;
+    }
+}
+
+/* A block whose warps take at most one chunk each (the residual stream of
+ * up to 256 x warps values): the chunk and its norm weights are loaded
+ * together and kept in registers through the norm's reduction, one L2
+ * round trip after the wait instead of three (x for the sum of squares,
+ * then x and the norm weights again). */
+__device__ __forceinline__ void stage_one_chunk(int kind, const act_in &in, uint8_t *smem) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, base = warp * 256 + lane * 8;
+    const bool valid = base < in.n;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, w[8];
+    if (valid) {
+        load8(in.src + base, v);
+        if (in.norm) load8(in.norm + base, w);
+    }
+    if (in.norm) {
+        double ss = 0.0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) ss += (double)v[k] * v[k];
+        const float scale = rms_scale(block_sum_double(ss, (double *)(smem + act_bytes(kind, in.n))), in.n, in.eps);
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = v[k] * scale * w[k];
+    }
+    if (warp * 256 < in.n) quantize_chunk(kind, v, warp, valid, act_dest_of(smem, in.n));
+    __syncthreads();
+}
+
 /* Normalise and quantize `in` into shared memory as `kind`. When gate_w is
  * given, also computes sigmoid(dot(normalised input, gate_w)) and block 0
  * stores it in *gate_out (the shared expert's gate). Ends with a barrier. */
@@ -145,11 +246,15 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
                                           float *gate_out) {
     const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
     const int lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    if (kind != ACT_F32 && !gate_w && n <= 256 * nw) {
+        stage_one_chunk(kind, in, smem);
+        return;
+    }
     float *scratch = (float *)(smem + act_bytes(kind, n));
     float scale = 1.0f;
     if (in.norm) {
         double ss = 0.0;
-                for (int i = tid * 4; i < n; i += nt * 4) {
+        for (int i = tid * 4; i < n; i += nt * 4) {
             float4 v = *(const float4 *)(in.src + i);
             ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
         }
@@ -178,70 +283,30 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
         __syncthreads();
         return;
     }
-    int8_t *q = (int8_t *)smem;
-    float *d = (float *)(smem + align16((size_t)n));
-    int16_t *s16 = (int16_t *)(smem + align16((size_t)n) + align16((size_t)n / 256 * 4));
-    /* A warp takes 256 values, 8 per lane: lane l holds [256 c + 8 l, +8). */
-        for (int c = warp; c * 256 < n; c += nw) {
-        const int base = c * 256 + lane * 8;
-        const bool valid = base < n; /* n is a multiple of 32: all 8 or none */
-        float v[8];
-        if (valid) {
-            float4 a = *(const float4 *)(in.src + base), b = *(const float4 *)(in.src + base + 4);
-            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    const act_dest dest = act_dest_of(smem, n);
+    /* A warp takes 256 values, 8 per lane: lane l holds [256 c + 8 l, +8);
+     * two chunks a round, their loads issued together (the FFN's hidden
+     * state of 6144 values: one L2 round trip, not two). */
+    for (int c0 = warp; c0 * 256 < n; c0 += 2 * nw) {
+        float v[2][8];
+        bool valid[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int base = (c0 + r * nw) * 256 + lane * 8;
+            valid[r] = base < n;
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[r][k] = 0.0f;
+            if (!valid[r]) continue;
+            load8(in.src + base, v[r]);
             if (in.norm) {
-                float4 wa = *(const float4 *)(in.norm + base), wb = *(const float4 *)(in.norm + base + 4);
-                float w[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+                float w[8];
+                load8(in.norm + base, w);
 #pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = v[k] * scale * w[k];
+                for (int k = 0; k < 8; k++) v[r][k] = v[r][k] * scale * w[k];
             }
-        } else {
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = 0.0f;
         }
-        int codes[8];
-        if (kind == ACT_Q8K) {
-            /* q8_k.c: the value of largest magnitude (the first one) maps to -127 */
-            float amax = 0.0f, vmax = 0.0f;
-            int imax = 0x7fffffff;
-#pragma unroll
-            for (int k = 0; k < 8; k++)
-                if (fabsf(v[k]) > amax) amax = fabsf(v[k]), vmax = v[k], imax = base + k;
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1) {
-                float oa = __shfl_xor_sync(FULL_MASK, amax, off), ov = __shfl_xor_sync(FULL_MASK, vmax, off);
-                int oi = __shfl_xor_sync(FULL_MASK, imax, off);
-                if (oa > amax || (oa == amax && oi < imax)) amax = oa, vmax = ov, imax = oi;
-            }
-            float iscale = amax != 0.0f ? -127.0f / vmax : 0.0f;
-            bool zero = amax == 0.0f || !isfinite(iscale);
-            int sum = 0;
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                codes[k] = zero ? 0 : __float2int_rn(fminf(fmaxf(iscale * v[k], -127.0f), 127.0f));
-                sum += codes[k];
-            }
-            sum += __shfl_xor_sync(FULL_MASK, sum, 1);
-            if (valid && (lane & 1) == 0) s16[base >> 4] = (int16_t)sum;
-            if (lane == 0) d[c] = zero ? 0.0f : 1.0f / iscale;
-        } else {
-            /* q8_0.c: d = amax / 127, q = round(x / d) */
-            float amax = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; k++) amax = fmaxf(amax, fabsf(v[k]));
-            amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 1));
-            amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 2));
-            float dd = amax / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; k++) codes[k] = (int)roundf(fminf(fmaxf(v[k] * id, -127.0f), 127.0f));
-            if (valid && (lane & 3) == 0) d[base >> 5] = f2h_round(dd);
-        }
-        if (valid) {
-            uint2 packed;
-            packed.x = (codes[0] & 0xff) | (codes[1] & 0xff) << 8 | (codes[2] & 0xff) << 16 | (unsigned)(codes[3] & 0xff) << 24;
-            packed.y = (codes[4] & 0xff) | (codes[5] & 0xff) << 8 | (codes[6] & 0xff) << 16 | (unsigned)(codes[7] & 0xff) << 24;
-            *(uint2 *)(q + base) = packed;
-        }
+        quantize_chunk(kind, v[0], c0, valid[0], dest);
+        if ((c0 + nw) * 256 < n) quantize_chunk(kind, v[1], c0 + nw, valid[1], dest);
     }
     __syncthreads();
 }
@@ -453,67 +518,70 @@ __device__ __forceinline__ void prefetch_floats(const float *p, int n) {
 
 /* ---------------------------------------------------------------- gemv */
 
-/* Router: softmax or sigmoid over the logits, the k largest (lowest id on
- * ties), their weights renormalised and scaled: route_tokens in
- * cpu_forward.c. The whole (last) block: each thread ranks its experts by
- * counting the better ones, so the top k cost one pass, not k. p: the
- * router's part of gemv_smem(). */
-__device__ __forceinline__ void route_on_device(const gemv_args &a, float *p) {
-    const int tid = threadIdx.x, nt = blockDim.x, n = a.n_experts;
-    const float *logits = a.seg[0].out;
-    float *chosen_w = p + ((n + 3) & ~3); /* k floats, k ints, then 32 floats of scratch */
+/* The order route_block ranks experts by: probability first (NaN as
+ * -inf, -0 as +0), then the lower id; one integer compare. */
+__device__ __forceinline__ uint64_t route_key(float p, int id) {
+    if (isnan(p)) p = -INFINITY;
+    if (p == 0.0f) p = 0.0f;
+    uint32_t u = __float_as_uint(p);
+    u = u & 0x80000000u ? ~u : u | 0x80000000u;
+    return (uint64_t)u << 32 | (0xffffffffu - (uint32_t)id);
+}
+
+/* Where route_block leaves the chosen experts and their weights. */
+__device__ __forceinline__ int *route_ids_in(uint8_t *smem, int n) {
+    return (int *)(smem + align16((size_t)n * 4) + (size_t)n * 8 + 2 * MAX_EXPERTS_USED * 4);
+}
+__device__ __forceinline__ float *route_weights_in(uint8_t *smem, int n) {
+    return (float *)(route_ids_in(smem, n) + MAX_EXPERTS_USED);
+}
+
+/* A block (of any multiple of 32 threads) routes itself: route_tokens in
+ * cpu_forward.c on the logits at r.logits, the k experts and weights to
+ * route_ids_in / route_weights_in. smem: route_smem(n). Warp 0 takes the
+ * softmax (no block barrier); ranks count the better keys, Q lanes an
+ * expert, so 128 experts cost 32 compares a thread at 512 threads. */
+__device__ __forceinline__ void route_block(const route_spec &r, uint8_t *smem) {
+    const int tid = threadIdx.x, nt = blockDim.x, n = r.n_experts, lane = tid & 31;
+    float *p = (float *)smem;
+    uint64_t *key = (uint64_t *)(smem + align16((size_t)n * 4));
+    float *chosen_w = (float *)(key + n);
     int *chosen_id = (int *)(chosen_w + MAX_EXPERTS_USED);
-    float *scratch = (float *)(chosen_id + MAX_EXPERTS_USED);
-    float m = -INFINITY;
-    for (int i = tid; i < n; i += nt) {
-        p[i] = __ldcg(logits + i);
-        m = fmaxf(m, p[i]);
-    }
-    if (a.gating == 0) {
-        m = block_max(m, scratch);
-        float sum = 0.0f;
-        for (int i = tid; i < n; i += nt) {
-            p[i] = expf(p[i] - m);
-            sum += p[i];
+    if (tid < 32) {
+        float m = -INFINITY;
+        for (int i = lane; i < n; i += 32) m = fmaxf(m, p[i] = __ldcg(r.logits + i));
+        if (r.gating == 0) {
+            m = warp_max(m);
+            float sum = 0.0f;
+            for (int i = lane; i < n; i += 32) sum += p[i] = expf(p[i] - m);
+            const float inv = (float)(1.0 / (double)warp_sum(sum));
+            for (int i = lane; i < n; i += 32) p[i] *= inv;
+        } else {
+            for (int i = lane; i < n; i += 32) p[i] = 1.0f / (1.0f + expf(-p[i]));
         }
-        sum = block_sum(sum, scratch);
-        const float inv = (float)(1.0 / (double)sum);
-        for (int i = tid; i < n; i += nt) p[i] *= inv;
-    } else {
-        for (int i = tid; i < n; i += nt) p[i] = 1.0f / (1.0f + expf(-p[i]));
+        for (int i = lane; i < n; i += 32) key[i] = route_key(p[i], i);
     }
     __syncthreads();
-    /* a strict order (NaN last), so the ranks are a permutation and every
-     * chosen id is in range */
-    for (int i = tid; i < n; i += nt) {
-        const float v = isnan(p[i]) ? -INFINITY : p[i];
+    int Q = 1; /* lanes an expert */
+    while (Q < 32 && 2 * Q * n <= nt) Q <<= 1;
+    for (int i0 = 0; i0 < n; i0 += nt / Q) { /* uniform: every lane meets the shuffles */
+        const int i = i0 + tid / Q, q = tid & (Q - 1);
+        const uint64_t mine = i < n ? key[i] : ~0ull;
         int rank = 0;
-        for (int j = 0; j < n; j++) {
-            const float w = isnan(p[j]) ? -INFINITY : p[j];
-            rank += w > v || (w == v && j < i);
-        }
-        if (rank < a.k) chosen_w[rank] = p[i], chosen_id[rank] = i;
-#ifdef MOE_CUDA_SIM
-        if (rank == a.k) scratch[0] = v; /* the best expert not chosen, for the trace */
-#endif
+        for (int j = q; j < n; j += Q) rank += key[j] > mine;
+        for (int off = Q >> 1; off > 0; off >>= 1) rank += __shfl_xor_sync(FULL_MASK, rank, off);
+        if (i < n && q == 0 && rank < r.k) chosen_w[rank] = p[i], chosen_id[rank] = i;
     }
     __syncthreads();
-    if (tid != 0) return;
-#ifdef MOE_CUDA_SIM
-    if (getenv("MOE_SIM_TRACE_ROUTES")) {
-        fprintf(stderr, "route:");
-        for (int j = 0; j < a.k; j++) fprintf(stderr, " %d:%.9g", chosen_id[j], chosen_w[j]);
-        fprintf(stderr, " | next %.9g\n", a.k < n ? scratch[0] : -INFINITY);
+    if (tid < r.k) {
+        float sum = 0.0f; /* in the CPU's order */
+        for (int j = 0; j < r.k; j++) sum += chosen_w[j];
+        float w = chosen_w[tid];
+        if (r.norm_topk) w /= sum;
+        route_weights_in(smem, n)[tid] = w * r.w_scale;
+        route_ids_in(smem, n)[tid] = chosen_id[tid];
     }
-#endif
-    float sum = 0.0f;
-    for (int j = 0; j < a.k; j++) sum += chosen_w[j];
-    for (int j = 0; j < a.k; j++) {
-        float w = chosen_w[j];
-        if (a.norm_topk) w /= sum;
-        a.route_w[j] = w * a.w_scale;
-        a.route_ids[j] = chosen_id[j];
-    }
+    __syncthreads();
 }
 
 /* Rows a warp visits up to which gemv_kernel prefetches the next row
@@ -527,9 +595,8 @@ struct row_ahead {
     static constexpr bool value = false;
 };
 
-/* EPI is the launch's epilogue (EPI_NONE, EPI_ROUTER, EPI_ARGMAX), a
- * template parameter so that the plain products carry no routing or argmax
- * code: a kernel's code is fetched from memory at every layer (the weights
+/* EPI is the launch's epilogue (EPI_NONE, EPI_ARGMAX), a template
+ * parameter so that the plain products carry no argmax code: a kernel's code is fetched from memory at every layer (the weights
  * stream through L2), and small code starts sooner. */
 template <class F, int EPI>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
@@ -622,13 +689,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     trace_block_mark(a.trace, TRACE_WORKED);
     if (EPI == EPI_NONE) return;
     int *flag = (int *)smem;
-    if (EPI == EPI_ROUTER) {
-        if (last_block(a.counter, gridDim.x, flag)) {
-            route_on_device(a, (float *)(smem + 16));
-            trace_mark(a.trace, TRACE_EXIT);
-        }
-        return;
-    }
     /* EPI_ARGMAX: the block's best row, then the best of all blocks */
     float *red_v = (float *)(smem + 16);
     int *red_i = (int *)(smem + 16 + 4 * GEMV_WARPS);
@@ -676,7 +736,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         const uint8_t *gb, *gm, *ub, *um;
         int out;
     };
-    __shared__ int slot_ids[MAX_EXPERTS_USED];
+    __shared__ int given_ids[MAX_EXPERTS_USED];
+    const int *slot_ids = given_ids;
     auto locate = [&](int row) {
         const bool routed = row < routed_rows;
         const int j = routed ? row / R : 0, r = routed ? row - j * R : row - routed_rows;
@@ -694,17 +755,23 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     trace_mark(a.trace, TRACE_ENTRY);
     if (a.act_ready) {
         stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
-        trace_mark(a.trace, TRACE_STAGED);
     } else {
         prefetch_floats(a.in.norm, a.in.n);
         prefetch_floats(a.shgate_w, a.in.n);
     }
-    pdl_wait(); /* the router's ids */
+    pdl_wait(); /* the router's logits */
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    /* once a block: a warp's later rows then locate theirs without an L2 round trip */
-    if (threadIdx.x < a.n_routed) slot_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
-    __syncthreads();
+    /* once a block, into shared memory: a warp's rows then locate theirs without an L2 round trip */
+    if (a.n_routed && a.route.logits) {
+        uint8_t *route_mem = smem + gemv_smem(F::ACT, a.in.n);
+        route_block(a.route, route_mem);
+        slot_ids = route_ids_in(route_mem, a.route.n_experts);
+    } else {
+        if (threadIdx.x < a.n_routed) given_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
+        __syncthreads();
+    }
+    if (a.act_ready) trace_mark(a.trace, TRACE_STAGED);
     pair_batch<F> first;
     if (start + grp < total) {
         const pair_rows p = locate(start + grp);
@@ -754,22 +821,27 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
 template <class F>
 __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_args a) {
     DYN_SMEM(uint8_t, smem);
-    __shared__ int ids[MAX_EXPERTS_USED];
-    __shared__ float weights[MAX_EXPERTS_USED];
+    __shared__ int given_ids[MAX_EXPERTS_USED];
+    __shared__ float given_w[MAX_EXPERTS_USED];
     __shared__ float sh_weight;
     const int L = a.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane & (L - 1), grp = lane / L;
     const int total = a.n_routed ? a.down.rows : a.sh_down.rows;
     const int start = (blockIdx.x * GEMV_WARPS + warp) * G, stride = gridDim.x * GEMV_WARPS * G;
     trace_mark(a.trace, TRACE_ENTRY);
-    /* The ids were written by the router two launches back, which finished
-     * before the launch before this one passed its own wait: they may be
-     * read before this launch's wait, and so may the first rows. */
+    /* The router's logits (or the given ids) were written two launches
+     * back, which finished before the launch before this one passed its
+     * own wait: the block routes before its wait and loads its first rows. */
+    const bool routes = a.n_routed && a.route.logits;
+    uint8_t *route_mem = smem + gemv_smem(F::ACT, a.in.n);
+    if (routes) route_block(a.route, route_mem);
+    const int *ids = routes ? route_ids_in(route_mem, a.route.n_experts) : given_ids;
+    const float *weights = routes ? route_weights_in(route_mem, a.route.n_experts) : given_w;
     term_batches<F> first;
     if (start + grp < total) {
         if (a.n_routed)
             load_first_terms<F>(first, a.down, start + grp, a.n_routed,
-                                [&](int j) { return a.ids ? __ldcg(a.ids + j) : 0; }, sub, L);
+                                [&](int j) { return routes ? ids[j] : a.ids ? __ldcg(a.ids + j) : 0; }, sub, L);
         else {
             const dmat &m = a.sh_down;
             const int row = start + grp;
@@ -780,9 +852,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     pdl_wait();
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    if (threadIdx.x < a.n_routed) {
-        ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
-        weights[threadIdx.x] = a.route_w ? a.route_w[threadIdx.x] : 1.0f;
+    if (!routes && threadIdx.x < a.n_routed) {
+        given_ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
+        given_w[threadIdx.x] = a.route_w ? a.route_w[threadIdx.x] : 1.0f;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
     stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
@@ -831,9 +903,7 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
  * dequantization comes from dequant.cuh. */
 #define DEFINE_CUDA_FORMAT(F, ident)                                                                             \
     static void ident##_gemv(const gemv_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {            \
-        if (a->epilogue == EPI_ROUTER)                                                                         \
-            LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_ROUTER>), grid, GEMV_THREADS, smem, st, *a);                   \
-        else if (a->epilogue == EPI_ARGMAX)                                                                    \
+        if (a->epilogue == EPI_ARGMAX)                                                                         \
             LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_ARGMAX>), grid, GEMV_THREADS, smem, st, *a);                   \
         else                                                                                                   \
             LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_NONE>), grid, GEMV_THREADS, smem, st, *a);                     \
@@ -850,15 +920,13 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
     }                                                                                                          \
     static int ident##_occupancy(int kernel, size_t smem) {                                                    \
         int n = 0;                                                                                             \
-        cudaError_t e = kernel == 0   ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<F, EPI_ROUTER>, GEMV_THREADS, smem) \
+        cudaError_t e = kernel == 0   ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<F, EPI_NONE>, GEMV_THREADS, smem) \
                         : kernel == 1 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ffn_up_kernel<F>, GEMV_THREADS, smem) \
                                       : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ffn_down_kernel<F>, GEMV_THREADS, smem); \
         return e == cudaSuccess && n > 0 ? n : 1;                                                              \
     }                                                                                                          \
     static cudaError_t ident##_allow_smem(int bytes) {                                                         \
         cudaError_t e = cudaFuncSetAttribute(gemv_kernel<F, EPI_NONE>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
-        if (e == cudaSuccess)                                                                                  \
-            e = cudaFuncSetAttribute(gemv_kernel<F, EPI_ROUTER>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
         if (e == cudaSuccess)                                                                                  \
             e = cudaFuncSetAttribute(gemv_kernel<F, EPI_ARGMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
         if (e == cudaSuccess)                                                                                  \

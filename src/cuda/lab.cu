@@ -454,7 +454,7 @@ static moe_status lab_gemv(lab_ctx *c, const cuda_format *f, int rows, int cols,
     a.seg_end[0] = rows;
     a.lanes = pick_lanes(m.units, f->n);
     a.epilogue = EPI_NONE;
-    const size_t smem = gemv_smem(f->act, cols, 0);
+    const size_t smem = gemv_smem(f->act, cols);
     CUDA_CHECK(cuda_allow_smem_all(smem > 48 * 1024 ? (int)smem : 48 * 1024));
     const int grid = grid_for(c, f, KERNEL_GEMV, smem, rows, a.lanes);
     const read_plan p = plan_for(f, m, a.lanes, f->n, c->sink);
@@ -543,7 +543,7 @@ static moe_status time_up(lab_ctx *c, const expert_run &r, cuda_lab_timing *out)
     a.h = r.h;
     a.h_shared_off = r.k * r.n_ff;
     a.lanes = pick_lanes(r.gate.units, f->n > 1 ? f->n / 2 : 1);
-    const size_t smem = gemv_smem(f->act, r.n_embd, 0);
+    const size_t smem = gemv_smem(f->act, r.n_embd);
     const int grid = grid_for(c, f, KERNEL_UP, smem, r.k * r.n_ff, a.lanes);
     const read_plan p = plan_for(f, r.gate, a.lanes, f->n > 1 ? f->n / 2 : 1, c->sink);
     describe(out, f, KERNEL_UP, smem, grid, a.lanes, p, r.wc, r.k * (dmat_bytes(r.gate) + dmat_bytes(r.up)));
@@ -574,7 +574,7 @@ static moe_status time_down(lab_ctx *c, const expert_run &r, cuda_lab_timing *ou
     a.routed_act_stride = r.n_ff;
     a.x = r.residual;
     a.lanes = pick_lanes(r.k * r.down.units, f->n);
-    const size_t smem = gemv_smem(f->act, r.k * r.n_ff, 0);
+    const size_t smem = gemv_smem(f->act, r.k * r.n_ff);
     const int grid = grid_for(c, f, KERNEL_DOWN, smem, r.n_embd, a.lanes);
     const read_plan p = plan_for(f, r.down, a.lanes, f->n, c->sink);
     describe(out, f, KERNEL_DOWN, smem, grid, a.lanes, p, r.wc, r.k * dmat_bytes(r.down));
@@ -613,7 +613,7 @@ static moe_status lab_experts(lab_ctx *c, expert_run *r, int n_experts, const vo
         (st = lab_alloc(c, (void **)&r->residual, (size_t)r->n_embd * sizeof(float))) != MOE_OK)
         return st;
     CUDA_CHECK(cudaMemset(r->residual, 0, (size_t)r->n_embd * sizeof(float)));
-    const size_t smem = gemv_smem(r->f->act, r->k * r->n_ff > r->n_embd ? r->k * r->n_ff : r->n_embd, 0);
+    const size_t smem = gemv_smem(r->f->act, r->k * r->n_ff > r->n_embd ? r->k * r->n_ff : r->n_embd);
     CUDA_CHECK(cuda_allow_smem_all(smem > 48 * 1024 ? (int)smem : 48 * 1024));
     if ((st = time_up(c, *r, up_out)) != MOE_OK) return st; /* also leaves h finite for down */
     return time_down(c, *r, down_out);

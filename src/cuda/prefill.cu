@@ -114,13 +114,16 @@ static __global__ void shared_gate_kernel(float *out, const float *xn, const flo
 }
 
 /* The k experts of each token and their weights: the decode step's
- * routing (route_on_device), a warp per token over its logits. */
-static __global__ void route_kernel(gemv_args a, const float *logits, float *weights, int *ids) {
-    DYN_SMEM(float, p);
-    a.seg[0].out = (float *)logits + (int64_t)blockIdx.x * a.n_experts;
-    a.route_w = weights + (int64_t)blockIdx.x * a.k;
-    a.route_ids = ids + (int64_t)blockIdx.x * a.k;
-    route_on_device(a, p);
+ * routing (route_block), a warp per token over its logits. */
+static __global__ void route_kernel(route_spec r, const float *logits, float *weights, int *ids) {
+    DYN_SMEM(uint8_t, smem);
+    r.logits = logits + (int64_t)blockIdx.x * r.n_experts;
+    route_block(r, smem);
+    const int j = threadIdx.x;
+    if (j < r.k) {
+        weights[(int64_t)blockIdx.x * r.k + j] = route_weights_in(smem, r.n_experts)[j];
+        ids[(int64_t)blockIdx.x * r.k + j] = route_ids_in(smem, r.n_experts)[j];
+    }
 }
 
 /* dst row r = src row row_token[r]: the inputs of the grouped experts. */
@@ -586,10 +589,7 @@ static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *
     const int d = c->n_embd, E = c->n_experts, k = p->k, cap_rows = p->cap * k;
     dequant(s, &w->router, NULL, 1, p->router_w, 0, false);
     BLAS_CHECK(gemm_f32(p, p->router_w, E, d, p->xn, T, p->logits));
-    gemv_args r;
-    memset(&r, 0, sizeof r);
-    r.n_experts = E, r.k = k, r.gating = c->gating == GATING_SIGMOID, r.norm_topk = c->norm_topk;
-    r.w_scale = c->expert_weights_scale;
+    const route_spec r = {NULL, E, k, c->gating == GATING_SIGMOID, c->norm_topk, c->expert_weights_scale};
     LAUNCH(route_kernel, T, 32, route_smem(E), s->stream, r, (const float *)p->logits, p->route_w, p->route_ids);
     CUDA_CHECK(cudaMemcpyAsync(p->host, p->route_ids, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
@@ -634,7 +634,7 @@ static moe_status head(cuda_state *s, int T, int n_out, float *out, moe_error *e
     a.seg_end[0] = w->rows;
     a.lanes = pick_lanes(w->units, f->n);
     a.epilogue = EPI_NONE;
-    const size_t smem = gemv_smem(f->act, c->n_embd, 0);
+    const size_t smem = gemv_smem(f->act, c->n_embd);
     const int grid = gemv_grid(s->g->n_sm, f->occupancy(0, smem), w->rows, a.lanes, s->max_grid);
     for (int i = 0; i < n_out; i++) {
         a.in = act_in{s->prefill->x + (size_t)(T - n_out + i) * c->n_embd, s->g->output_norm, c->rms_eps, c->n_embd};
