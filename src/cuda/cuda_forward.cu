@@ -9,9 +9,8 @@
  *     q|k|v = W (RMSNorm x) (+ bias)                     gemv (norm fused)
  *     q/k norm, RoPE, append k v, attention               attention
  *     x += Wo att                                          gemv (residual)
- *     router logits                                        gemv (router_kernel)
- *     softmax|sigmoid, top-k, weights; then                each block of both:
- *     h = silu(G_e xn) * (U_e xn), k experts (+ shared)    ffn_up
+ *     router logits, softmax|sigmoid, top-k, weights       router (last block routes)
+ *     h = silu(G_e xn) * (U_e xn), k experts (+ shared)    ffn_up (ids on device)
  *     x += sum w_e D_e h_e (+ g D_sh h_sh)                 ffn_down
  *   logits = W_out (RMSNorm x), argmax -> step[0], step[1] += 1
  *
@@ -32,6 +31,11 @@
 
 extern "C" {
 #include "cuda/cuda_backend.h"
+}
+
+static bool env_flag(const char *name, bool fallback) {
+    const char *v = getenv(name);
+    return v && *v ? v[0] != '0' : fallback;
 }
 
 /* ---------------------------------------------------------------- stage profile */
@@ -80,8 +84,16 @@ typedef struct gemv_out {
     const float *bias;
 } gemv_out;
 
-/* What a gemv() launch is for: the router's logits go to router_kernel
- * when it fits, the head's launch takes the argmax. */
+/* How a MoE layer routes: from the router launch's logits. */
+static route_spec route_of(const cuda_state *s) {
+    const model_config *c = &s->m->config;
+    return route_spec{s->router, c->n_experts, c->n_experts_used, c->gating == GATING_SIGMOID, c->norm_topk,
+                      c->expert_weights_scale};
+}
+
+/* What a gemv() launch is for: the router's logits and routing (F32:
+ * router_kernel; else a plain product and cuda_route), the head's launch
+ * takes the argmax. */
 enum { GEMV_PLAIN, GEMV_ROUTER, GEMV_HEAD };
 
 /* y = W in for each output; one launch per weight type among them. */
@@ -109,15 +121,25 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
         a.epilogue = kind == GEMV_HEAD ? EPI_ARGMAX : EPI_NONE;
         a.trace = trace;
         if (kind == GEMV_HEAD) {
-            a.counter = s->counters;
+            a.counter = s->counters + 1;
             a.part_val = s->part_val;
             a.part_idx = s->part_idx;
             a.step = s->step;
             a.history = s->history;
         }
         const size_t smem = gemv_smem(f->act, in.n);
-        if (kind == GEMV_ROUTER && cuda_router_fits(&a)) cuda_router(&a, s->stream, s->opt.pdl);
-        else f->gemv(&a, grid_for(s, f, 0, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
+        if (kind == GEMV_ROUTER) {
+            a.counter = s->counters;
+            a.route = route_of(s);
+            a.route_ids = s->route_ids;
+            a.route_w = s->route_w;
+            if (cuda_router_fits(&a)) {
+                cuda_router(&a, s->stream, s->opt.pdl);
+                continue;
+            }
+        }
+        f->gemv(&a, grid_for(s, f, 0, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
+        if (kind == GEMV_ROUTER) cuda_route(&a.route, s->router, 1, s->route_w, s->route_ids, s->stream, s->opt.pdl);
     }
 }
 
@@ -152,7 +174,7 @@ static void attention_block(cuda_state *s, int l) {
     a.step = s->step;
     a.out = s->att;
     a.part = s->attn_part;
-    a.counters = s->counters + 1;
+    a.counters = s->counters + 2;
     a.n_heads = c->n_heads;
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
@@ -167,17 +189,8 @@ static void attention_block(cuda_state *s, int l) {
     mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo));
 }
 
-/* How the FFN launches of a MoE layer route themselves: from the router
- * launch's logits. */
-static route_spec route_of(const cuda_state *s) {
-    const model_config *c = &s->m->config;
-    return route_spec{s->router, c->n_experts, c->n_experts_used, c->gating == GATING_SIGMOID, c->norm_topk,
-                      c->expert_weights_scale};
-}
-
-/* h = silu(gate x) * (up x) for `n_routed` slots of a slab (routed by
- * the router's logits; a dense FFN: one slot, expert 0) and/or the shared
- * expert. */
+/* h = silu(gate x) * (up x) for `n_routed` slots of a slab (a dense FFN:
+ * one slot, expert 0) and/or the shared expert. */
 static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, int n_routed, const cuda_layer *w,
                    bool shared, uint64_t *trace) {
     const cuda_format *f = cuda_format_of(n_routed ? gate->type : w->sh_gate.type);
@@ -187,7 +200,7 @@ static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, i
     int rows = 0, units = 0;
     if (n_routed) {
         a.gate = *gate, a.up = *up, a.n_routed = n_routed;
-        if (s->m->config.n_experts) a.route = route_of(s);
+        if (s->m->config.n_experts) a.ids = s->route_ids;
         rows += n_routed * gate->rows;
         units = gate->units;
     }
@@ -205,7 +218,7 @@ static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, i
     a.act_ready = s->m->config.n_experts > 0 && live(s, CUDA_STAGE_ROUTER);
     a.lanes = pick_lanes(units, f->n > 1 ? f->n / 2 : 1);
     a.trace = trace;
-    const size_t smem = ffn_smem(f->act, in.n, a.route.logits ? a.route.n_experts : 0);
+    const size_t smem = gemv_smem(f->act, in.n);
     f->up(&a, grid_for(s, f, 1, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
 }
 
@@ -218,7 +231,7 @@ static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const cuda_l
     int first = n_routed ? 0 : s->n_ff_routed, len = 0, units = 0;
     if (n_routed) {
         a.down = *down, a.n_routed = n_routed;
-        if (s->m->config.n_experts) a.route = route_of(s);
+        if (s->m->config.n_experts) a.ids = s->route_ids, a.route_w = s->route_w;
         a.routed_act_stride = down->cols;
         len = n_routed * down->cols;
         units = n_routed * down->units;
@@ -234,7 +247,8 @@ static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const cuda_l
     a.x = s->x;
     a.lanes = pick_lanes(units, f->n);
     a.trace = trace;
-    const size_t smem = ffn_smem(f->act, len, a.route.logits ? a.route.n_experts : 0);
+    a.act_first = env_flag("MOE_CUDA_DOWN_ACT_FIRST", false);
+    const size_t smem = gemv_smem(f->act, len);
     int rows = n_routed ? down->rows : w->sh_down.rows;
     f->down(&a, grid_for(s, f, 2, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
 }
@@ -637,10 +651,6 @@ moe_status cuda_timeline_layer(cuda_state *s, int32_t token, int pos, int layer,
 
 /* ---------------------------------------------------------------- the state */
 
-static bool env_flag(const char *name, bool fallback) {
-    const char *v = getenv(name);
-    return v && *v ? v[0] != '0' : fallback;
-}
 
 cuda_options cuda_default_options(void) {
     cuda_options o;
@@ -667,6 +677,8 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->qkv = (float *)carve(base, used, (size_t)(s->q_dim + 2 * s->kv_dim) * sizeof(float));
     s->att = (float *)carve(base, used, (size_t)s->q_dim * sizeof(float));
     s->router = (float *)carve(base, used, (size_t)(c->n_experts + 1) * sizeof(float));
+    s->route_w = (float *)carve(base, used, (size_t)MAX_EXPERTS_USED * sizeof(float));
+    s->route_ids = (int *)carve(base, used, (size_t)MAX_EXPERTS_USED * sizeof(int));
     s->shgate = (float *)carve(base, used, sizeof(float));
     s->h = (float *)carve(base, used, (size_t)s->h_len * sizeof(float));
     s->logits = (float *)carve(base, used, (size_t)c->n_vocab * sizeof(float));
@@ -675,7 +687,7 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->part_idx = (int *)carve(base, used, (size_t)s->max_grid * sizeof(int));
     s->step = (int *)carve(base, used, 2 * sizeof(int));
     s->history = (int *)carve(base, used, (size_t)(s->n_ctx + 1) * sizeof(int));
-    s->counters = (unsigned *)carve(base, used, (size_t)(1 + c->n_kv_heads) * sizeof(unsigned));
+    s->counters = (unsigned *)carve(base, used, (size_t)(2 + c->n_kv_heads) * sizeof(unsigned));
     s->rope = (float *)carve(base, used, (size_t)s->n_ctx * c->n_rot * sizeof(float));
 }
 
@@ -685,7 +697,7 @@ static size_t max_smem(const cuda_state *s) {
     size_t most = 0;
     const int inputs[] = {c->n_embd, s->q_dim, s->h_len};
     for (size_t i = 0; i < sizeof inputs / sizeof inputs[0]; i++) {
-        size_t b = ffn_smem(ACT_F32, inputs[i], c->n_experts); /* f32 staging is the largest */
+        size_t b = gemv_smem(ACT_F32, inputs[i]); /* f32 staging is the largest */
         if (b > most) most = b;
     }
     return most;

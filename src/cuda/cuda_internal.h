@@ -45,6 +45,15 @@ struct act_in {
     int n;
 };
 
+/* Routing as route_tokens in cpu_forward.c: softmax (gating 0) or
+ * sigmoid over the router's logits, the k largest, their weights
+ * renormalised (norm_topk) and scaled. */
+struct route_spec {
+    const float *logits; /* n_experts logits */
+    int n_experts, k, gating, norm_topk;
+    float w_scale;
+};
+
 struct gemv_seg {
     dmat w;
     float *out;
@@ -59,8 +68,12 @@ struct gemv_args {
     int seg_end[MAX_SEGS]; /* cumulative rows */
     int lanes;             /* lanes per row, a power of two <= 32 */
     int epilogue;
+    unsigned *counter; /* last-block ticket (router, argmax) */
+    /* router (router_kernel's last block routes) */
+    route_spec route;
+    int *route_ids;
+    float *route_w;
     /* argmax */
-    unsigned *counter; /* last-block ticket */
     float *part_val;
     int *part_idx;
     int *step;    /* [0] token, [1] position */
@@ -68,20 +81,10 @@ struct gemv_args {
     uint64_t *trace; /* timeline marks (cuda_compat.cuh), or NULL */
 };
 
-/* How a MoE FFN launch routes itself from the router's logits, as
- * route_tokens in cpu_forward.c: softmax (gating 0) or sigmoid, the k
- * largest, their weights renormalised (norm_topk) and scaled. */
-struct route_spec {
-    const float *logits; /* n_experts logits; NULL: the launch is given its experts */
-    int n_experts, k, gating, norm_topk;
-    float w_scale;
-};
-
 struct ffn_up_args {
     act_in in;
     dmat gate, up;     /* routed slabs (or a dense FFN's matrices) */
     int n_routed;      /* slots of routed experts in this launch (0: none) */
-    route_spec route;  /* the slots' experts from the router's logits, or: */
     const int *ids;    /* expert of each slot; NULL: expert 0 (dense) */
     dmat sh_gate, sh_up;
     int has_shared;
@@ -99,7 +102,6 @@ struct ffn_down_args {
     act_in in;
     dmat down;
     int n_routed;
-    route_spec route;     /* as ffn_up's, or: */
     const int *ids;
     const float *route_w; /* NULL: weight 1 */
     int routed_act_stride;
@@ -109,6 +111,7 @@ struct ffn_down_args {
     int shared_act_off;
     float *x;
     int lanes;
+    int act_first; /* experiment: the first rows loaded after the staging, not before the wait */
     uint64_t *trace;
 };
 
@@ -226,10 +229,7 @@ __host__ __device__ inline size_t route_smem(int n_experts) {
  * block-sum scratch (at least 64 floats: the argmax's flag and partials). */
 __host__ __device__ inline size_t gemv_smem(int kind, int n) { return act_bytes(kind, n) + 64 * sizeof(float); }
 
-/* An FFN launch's: gemv_smem's, then route_block's when it routes. */
-__host__ __device__ inline size_t ffn_smem(int kind, int n, int n_experts) {
-    return gemv_smem(kind, n) + (n_experts ? route_smem(n_experts) : 0);
-}
+
 
 /* Blocks of a matrix-vector launch over `rows` rows (GEMV_WARPS * 32 /
  * lanes a block): at most one a multiprocessor for a layer's small
@@ -270,6 +270,8 @@ struct cuda_state {
     float *qkv;               /* (q_dim + 2 kv_dim) */
     float *att;               /* (q_dim) */
     float *router;            /* (n_experts) logits */
+    float *route_w;           /* (k) */
+    int *route_ids;           /* (k) */
     float *shgate;            /* (1) */
     float *h;                 /* (k n_ff_expert + n_ff_shared) or (n_ff) */
     float *logits;            /* (n_vocab) */
@@ -279,7 +281,7 @@ struct cuda_state {
     int *step;                /* [0] token, [1] position */
     int *history;             /* (n_ctx + 1) argmax after each position */
     float *rope;              /* (n_ctx, n_rot) cos | sin, see attention.cu */
-    unsigned *counters;       /* [0] argmax, [1..] attention per KV head */
+    unsigned *counters;       /* [0] router, [1] argmax, [2..] attention per KV head */
     int q_dim, kv_dim, n_ff_routed, h_len;
     int attn_splits;
     int max_grid;
@@ -311,10 +313,14 @@ moe_status cuda_top_logits_at(struct top_scratch **scratch, const float *logits,
 void cuda_top_scratch_free(struct top_scratch *s);
 void cuda_top_free(cuda_state *s);
 
-/* The router's logits from an F32 matrix (float.cu), the RMSNorm fused,
- * one block per expert; the FFN launches route from them. */
+/* The router of an F32 matrix (float.cu): logits, the RMSNorm fused, one
+ * block per expert; the last block routes (route_block). */
 bool cuda_router_fits(const gemv_args *a);
 void cuda_router(const gemv_args *a, cudaStream_t st, bool pdl);
+/* Routing of n_tokens tokens' logits (n_experts apart), a block each: ids
+ * and weights k apart. */
+void cuda_route(const route_spec *r, const float *logits, int n_tokens, float *weights, int *ids, cudaStream_t st,
+                bool pdl);
 
 /* Attention (attention.cu). */
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl);

@@ -79,8 +79,8 @@ DEFINE_CUDA_FORMAT(fmt_bf16, bf16)
 
 /* ---------------------------------------------------------------- the router */
 
-/* logits = W_r RMSNorm(x) for an F32 router (the FFN launches after it
- * route from them, kernels.cuh). One block per expert with the row spread over all its threads, so all of the
+/* logits = W_r RMSNorm(x) for an F32 router, then the routing by the
+ * last block (route_block). One block per expert with the row spread over all its threads, so all of the
  * router's loads are in flight at once: the generic GEMV puts a router's
  * 128 rows on 16 blocks, a warp a row, four dependent round trips each.
  * One pass over x after the wait: the norm's scale factors out of the
@@ -102,6 +102,8 @@ __device__ __forceinline__ void block_sum_pair(double *ss, float *dot, double *s
 }
 
 __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args a) {
+    DYN_SMEM(uint8_t, smem);
+    __shared__ int flag;
     __shared__ double ss_scratch[32];
     __shared__ float dot_scratch[32];
     const dmat &w = a.seg[0].w;
@@ -141,6 +143,13 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     block_sum_pair(&ss, &dot, ss_scratch, dot_scratch);
     if (tid == 0) a.seg[0].out[e] = dot * rms_scale(ss, n, a.in.eps);
     trace_mark(a.trace, TRACE_WORKED);
+    if (!last_block(a.counter, gridDim.x, &flag)) return;
+    route_block(a.route, smem);
+    if (tid < a.route.k) {
+        a.route_w[tid] = route_weights_in(smem, a.route.n_experts)[tid];
+        a.route_ids[tid] = route_ids_in(smem, a.route.n_experts)[tid];
+    }
+    trace_mark(a.trace, TRACE_EXIT);
 }
 
 bool cuda_router_fits(const gemv_args *a) {
@@ -149,5 +158,24 @@ bool cuda_router_fits(const gemv_args *a) {
 }
 
 void cuda_router(const gemv_args *a, cudaStream_t st, bool pdl) {
-    LAUNCH_PDL(pdl, router_kernel, a->seg[0].w.rows, ROUTER_THREADS, 0, st, *a);
+    LAUNCH_PDL(pdl, router_kernel, a->seg[0].w.rows, ROUTER_THREADS, route_smem(a->route.n_experts), st, *a);
+}
+
+/* Block b routes token b. */
+static __global__ void route_kernel(route_spec r, const float *logits, float *weights, int *ids) {
+    DYN_SMEM(uint8_t, smem);
+    pdl_wait();
+    pdl_launch_dependents();
+    r.logits = logits + (int64_t)blockIdx.x * r.n_experts;
+    route_block(r, smem);
+    const int j = threadIdx.x;
+    if (j < r.k) {
+        weights[(int64_t)blockIdx.x * r.k + j] = route_weights_in(smem, r.n_experts)[j];
+        ids[(int64_t)blockIdx.x * r.k + j] = route_ids_in(smem, r.n_experts)[j];
+    }
+}
+
+void cuda_route(const route_spec *r, const float *logits, int n_tokens, float *weights, int *ids, cudaStream_t st,
+                bool pdl) {
+    LAUNCH_PDL(pdl, route_kernel, n_tokens, ROUTER_THREADS, route_smem(r->n_experts), st, *r, logits, weights, ids);
 }

@@ -46,26 +46,20 @@
  *
  * Three kernels use this machinery:
  *   gemv_kernel     y = W x (+ bias) (+= into y): q|k|v, o + residual,
- *                   the router's logits, the output head (last block:
+ *                   a router's logits, the output head (last block:
  *                   argmax).
- *   ffn_up_kernel   h = silu(G x) * (U x) for the k routed experts, plus
- *                   the shared expert, in one launch; block 0 also
- *                   computes the shared expert's sigmoid gate. Behind a
- *                   router it stages x before its wait (x was final two
- *                   launches back); after it every block routes itself
- *                   from the router's logits (route_block: softmax or
- *                   sigmoid, top-k, weights), then the weights follow.
+ *   ffn_up_kernel   h = silu(G x) * (U x) for the k routed experts read by
+ *                   id from device memory, plus the shared expert, in one
+ *                   launch; block 0 also computes the shared expert's
+ *                   sigmoid gate. Behind a router it stages x before its
+ *                   wait (x was final two launches back), so only the ids
+ *                   and the weights follow the wait.
  *   ffn_down_kernel x += sum_j w_j D_{id_j} h_j + g * D_sh h_sh: every
  *                   output row reads the k experts' rows (flattened into
  *                   one stream of units) and writes the residual once, no
- *                   atomics, deterministic. Its blocks route before their
- *                   wait (the logits are two launches back) and load
- *                   their rows.
- * Routing in every block of the two launches that need the experts
- * replaced the router's last block routing behind a ticket: the ticket,
- * the reload of the logits and the ids' round trip left the critical path
- * (the timeline of moe bench --profile showed the last block routing for
- * 4.7 us while gate/up waited).
+ *                   atomics, deterministic.
+ * Routing (route_block) is a block's: the F32 router's last block
+ * (float.cu), or a launch of its own after a router of another type.
  */
 #ifndef MOE_CUDA_KERNELS_CUH
 #define MOE_CUDA_KERNELS_CUH
@@ -536,11 +530,12 @@ __device__ __forceinline__ float *route_weights_in(uint8_t *smem, int n) {
     return (float *)(route_ids_in(smem, n) + MAX_EXPERTS_USED);
 }
 
-/* A block (of any multiple of 32 threads) routes itself: route_tokens in
- * cpu_forward.c on the logits at r.logits, the k experts and weights to
- * route_ids_in / route_weights_in. smem: route_smem(n). Warp 0 takes the
- * softmax (no block barrier); ranks count the better keys, Q lanes an
- * expert, so 128 experts cost 32 compares a thread at 512 threads. */
+/* A block (of any multiple of 32 threads) routes one token: route_tokens
+ * in cpu_forward.c on the logits at r.logits, the k experts and weights
+ * to route_ids_in / route_weights_in. smem: route_smem(n). Warp 0 takes
+ * the softmax (no block barrier); ranks count the better keys, Q lanes an
+ * expert, so 128 experts cost 32 compares a thread at 512 threads and 64
+ * at the router's 256. */
 __device__ __forceinline__ void route_block(const route_spec &r, uint8_t *smem) {
     const int tid = threadIdx.x, nt = blockDim.x, n = r.n_experts, lane = tid & 31;
     float *p = (float *)smem;
@@ -568,6 +563,7 @@ __device__ __forceinline__ void route_block(const route_spec &r, uint8_t *smem) 
         const int i = i0 + tid / Q, q = tid & (Q - 1);
         const uint64_t mine = i < n ? key[i] : ~0ull;
         int rank = 0;
+#pragma unroll 8
         for (int j = q; j < n; j += Q) rank += key[j] > mine;
         for (int off = Q >> 1; off > 0; off >>= 1) rank += __shfl_xor_sync(FULL_MASK, rank, off);
         if (i < n && q == 0 && rank < r.k) chosen_w[rank] = p[i], chosen_id[rank] = i;
@@ -736,8 +732,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         const uint8_t *gb, *gm, *ub, *um;
         int out;
     };
-    __shared__ int given_ids[MAX_EXPERTS_USED];
-    const int *slot_ids = given_ids;
+    __shared__ int slot_ids[MAX_EXPERTS_USED];
     auto locate = [&](int row) {
         const bool routed = row < routed_rows;
         const int j = routed ? row / R : 0, r = routed ? row - j * R : row - routed_rows;
@@ -759,18 +754,12 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         prefetch_floats(a.in.norm, a.in.n);
         prefetch_floats(a.shgate_w, a.in.n);
     }
-    pdl_wait(); /* the router's logits */
+    pdl_wait(); /* the router's ids */
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    /* once a block, into shared memory: a warp's rows then locate theirs without an L2 round trip */
-    if (a.n_routed && a.route.logits) {
-        uint8_t *route_mem = smem + gemv_smem(F::ACT, a.in.n);
-        route_block(a.route, route_mem);
-        slot_ids = route_ids_in(route_mem, a.route.n_experts);
-    } else {
-        if (threadIdx.x < a.n_routed) given_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
-        __syncthreads();
-    }
+    /* once a block: a warp's later rows then locate theirs without an L2 round trip */
+    if (threadIdx.x < a.n_routed) slot_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
+    __syncthreads();
     if (a.act_ready) trace_mark(a.trace, TRACE_STAGED);
     pair_batch<F> first;
     if (start + grp < total) {
@@ -821,44 +810,42 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
 template <class F>
 __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_args a) {
     DYN_SMEM(uint8_t, smem);
-    __shared__ int given_ids[MAX_EXPERTS_USED];
-    __shared__ float given_w[MAX_EXPERTS_USED];
+    __shared__ int ids[MAX_EXPERTS_USED];
+    __shared__ float weights[MAX_EXPERTS_USED];
     __shared__ float sh_weight;
     const int L = a.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane & (L - 1), grp = lane / L;
     const int total = a.n_routed ? a.down.rows : a.sh_down.rows;
     const int start = (blockIdx.x * GEMV_WARPS + warp) * G, stride = gridDim.x * GEMV_WARPS * G;
     trace_mark(a.trace, TRACE_ENTRY);
-    /* The router's logits (or the given ids) were written two launches
-     * back, which finished before the launch before this one passed its
-     * own wait: the block routes before its wait and loads its first rows. */
-    const bool routes = a.n_routed && a.route.logits;
-    uint8_t *route_mem = smem + gemv_smem(F::ACT, a.in.n);
-    if (routes) route_block(a.route, route_mem);
-    const int *ids = routes ? route_ids_in(route_mem, a.route.n_experts) : given_ids;
-    const float *weights = routes ? route_weights_in(route_mem, a.route.n_experts) : given_w;
+    /* The ids were written by the router two launches back, which finished
+     * before the launch before this one passed its own wait: they may be
+     * read before this launch's wait, and so may the first rows. */
     term_batches<F> first;
-    if (start + grp < total) {
-        if (a.n_routed)
+    auto load_first = [&]() {
+        if (start + grp >= total) return;
+        if (a.n_routed) {
             load_first_terms<F>(first, a.down, start + grp, a.n_routed,
-                                [&](int j) { return routes ? ids[j] : a.ids ? __ldcg(a.ids + j) : 0; }, sub, L);
-        else {
+                                [&](int j) { return a.ids ? __ldcg(a.ids + j) : 0; }, sub, L);
+        } else {
             const dmat &m = a.sh_down;
             const int row = start + grp;
             load_batch<F>(first.b[0], m.body + (int64_t)row * m.row_stride, m.meta + (int64_t)row * m.meta_row_stride,
                           m.units, sub, L);
         }
-    }
+    };
+    if (!a.act_first) load_first();
     pdl_wait();
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    if (!routes && threadIdx.x < a.n_routed) {
-        given_ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
-        given_w[threadIdx.x] = a.route_w ? a.route_w[threadIdx.x] : 1.0f;
+    if (threadIdx.x < a.n_routed) {
+        ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
+        weights[threadIdx.x] = a.route_w ? a.route_w[threadIdx.x] : 1.0f;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
     stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
+    if (a.act_first) load_first();
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     auto do_row = [&](int base, const term_batches<F> *pre) {
         const int row = base + grp;

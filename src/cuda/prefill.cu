@@ -113,19 +113,6 @@ static __global__ void shared_gate_kernel(float *out, const float *xn, const flo
     if (threadIdx.x == 0) out[blockIdx.x] = (float)(1.0 / (1.0 + exp(-dot)));
 }
 
-/* The k experts of each token and their weights: the decode step's
- * routing (route_block), a warp per token over its logits. */
-static __global__ void route_kernel(route_spec r, const float *logits, float *weights, int *ids) {
-    DYN_SMEM(uint8_t, smem);
-    r.logits = logits + (int64_t)blockIdx.x * r.n_experts;
-    route_block(r, smem);
-    const int j = threadIdx.x;
-    if (j < r.k) {
-        weights[(int64_t)blockIdx.x * r.k + j] = route_weights_in(smem, r.n_experts)[j];
-        ids[(int64_t)blockIdx.x * r.k + j] = route_ids_in(smem, r.n_experts)[j];
-    }
-}
-
 /* dst row r = src row row_token[r]: the inputs of the grouped experts. */
 static __global__ void gather_rows_kernel(uint16_t *dst, const uint16_t *src, const int *row_token, int n) {
     const uint4 *from = (const uint4 *)(src + (int64_t)row_token[blockIdx.x] * n);
@@ -590,7 +577,7 @@ static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *
     dequant(s, &w->router, NULL, 1, p->router_w, 0, false);
     BLAS_CHECK(gemm_f32(p, p->router_w, E, d, p->xn, T, p->logits));
     const route_spec r = {NULL, E, k, c->gating == GATING_SIGMOID, c->norm_topk, c->expert_weights_scale};
-    LAUNCH(route_kernel, T, 32, route_smem(E), s->stream, r, (const float *)p->logits, p->route_w, p->route_ids);
+    cuda_route(&r, p->logits, T, p->route_w, p->route_ids, s->stream, false);
     CUDA_CHECK(cudaMemcpyAsync(p->host, p->route_ids, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
     const int n_used = group_by_expert(p, T, E);
