@@ -236,11 +236,12 @@ __device__ __forceinline__ void stage_one_chunk(int kind, const act_in &in, uint
 /* Normalise and quantize `in` into shared memory as `kind`. When gate_w is
  * given, also computes sigmoid(dot(normalised input, gate_w)) and block 0
  * stores it in *gate_out (the shared expert's gate). Ends with a barrier. */
+template <class AfterLoads>
 __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
-                                          float *gate_out) {
+                                          float *gate_out, AfterLoads after_loads) {
     const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
     const int lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
-    if (kind != ACT_F32 && !gate_w && n <= 256 * nw) {
+    if (!(in.exp & 1) && kind != ACT_F32 && !gate_w && n <= 256 * nw) {
         stage_one_chunk(kind, in, smem);
         return;
     }
@@ -299,10 +300,16 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
                 for (int k = 0; k < 8; k++) v[r][k] = v[r][k] * scale * w[k];
             }
         }
+        if (c0 == warp) after_loads();
         quantize_chunk(kind, v[0], c0, valid[0], dest);
         if ((c0 + nw) * 256 < n) quantize_chunk(kind, v[1], c0 + nw, valid[1], dest);
     }
     __syncthreads();
+}
+
+__device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
+                                          float *gate_out) {
+    stage_act(kind, in, smem, gate_w, gate_out, [] {});
 }
 
 /* ---------------------------------------------------------------- activations in registers */
@@ -843,9 +850,11 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         weights[threadIdx.x] = a.route_w ? a.route_w[threadIdx.x] : 1.0f;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
-    stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
+    stage_act(F::ACT, a.in, smem, NULL, NULL, [&] {
+        if (a.act_first == 2) load_first();
+    }); /* ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
-    if (a.act_first) load_first();
+    if (a.act_first == 1) load_first();
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     auto do_row = [&](int base, const term_batches<F> *pre) {
         const int row = base + grp;
