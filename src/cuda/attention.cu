@@ -267,7 +267,7 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, int g, int h, i
 #pragma unroll
             for (int i = 0; i < DPL; i++) o[j][i] = mine && s0 + j < n ? __ldcg(part + (s0 + j) * stride + 2 + d0 + i) : 0.0f;
     };
-    if (!(a.exp & 2)) load_round(0);
+    load_round(0);
     constexpr int J = ATTN_MAX_SPLITS / 32;
     float ms[J], ls[J]; /* splits lane, lane + 32, ... */
 #pragma unroll
@@ -292,7 +292,7 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, int g, int h, i
     for (int i = 0; i < DPL; i++) out[i] = 0.0f;
 #pragma unroll 1
     for (int s0 = 0; s0 < n; s0 += MB) {
-        if (s0 || (a.exp & 2)) load_round(s0);
+        if (s0) load_round(s0);
 #pragma unroll
         for (int j = 0; j < MB; j++) {
             const int s = s0 + j; /* uniform over the warp */

@@ -152,7 +152,7 @@ static void embed(cuda_state *s) {
 static void attention_block(cuda_state *s, int l) {
     const model_config *c = &s->m->config;
     const cuda_layer *w = &s->g->layers[l];
-    act_in in = {s->x, w->attn_norm, c->rms_eps, c->n_embd, (int)s->exp};
+    act_in in = {s->x, w->attn_norm, c->rms_eps, c->n_embd};
     gemv_out qkv[3] = {{&w->wq, s->qkv, w->bq},
                        {&w->wk, s->qkv + s->q_dim, w->bk},
                        {&w->wv, s->qkv + s->q_dim + s->kv_dim, w->bv}};
@@ -179,12 +179,11 @@ static void attention_block(cuda_state *s, int l) {
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
     a.n_splits = s->attn_splits;
-    a.exp = (int)s->exp;
     a.trace = trace_of(s, l, CUDA_STAGE_ATTENTION);
     if (live(s, CUDA_STAGE_ATTENTION)) cuda_attention(&a, s->stream, s->opt.pdl);
     mark(s, CUDA_STAGE_ATTENTION, 2.0 * (s->prof_pos + 1) * s->kv_dim * sizeof(float));
 
-    act_in att = {s->att, NULL, 0.0f, s->q_dim, (int)s->exp};
+    act_in att = {s->att, NULL, 0.0f, s->q_dim};
     gemv_out o = {&w->wo, s->x, NULL};
     if (live(s, CUDA_STAGE_O)) gemv(s, att, &o, 1, true, GEMV_PLAIN, trace_of(s, l, CUDA_STAGE_O));
     mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo));
@@ -248,8 +247,6 @@ static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const cuda_l
     a.x = s->x;
     a.lanes = pick_lanes(units, f->n);
     a.trace = trace;
-    a.act_first = s->exp >> 2 & 3; /* MOE_CUDA_EXP bits 2-3 */
-    a.in.exp = (int)s->exp;
     const size_t smem = gemv_smem(f->act, len);
     int rows = n_routed ? down->rows : w->sh_down.rows;
     f->down(&a, grid_for(s, f, 2, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
@@ -258,7 +255,7 @@ static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const cuda_l
 static void ffn_block(cuda_state *s, int l) {
     const model_config *c = &s->m->config;
     const cuda_layer *w = &s->g->layers[l];
-    act_in in = {s->x, w->ffn_norm, c->rms_eps, c->n_embd, (int)s->exp};
+    act_in in = {s->x, w->ffn_norm, c->rms_eps, c->n_embd};
     if (c->n_experts == 0) {
         if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, w, false, trace_of(s, l, CUDA_STAGE_UP));
         mark(s, CUDA_STAGE_UP, dmat_bytes(&w->ffn_gate) + dmat_bytes(&w->ffn_up));
@@ -728,7 +725,6 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
     s->m = m;
     s->n_ctx = n_ctx;
     s->opt = opts ? *opts : cuda_default_options();
-    s->exp = getenv("MOE_CUDA_EXP") ? (unsigned)atoi(getenv("MOE_CUDA_EXP")) : 0u;
     s->q_dim = c->n_heads * c->head_dim;
     s->kv_dim = c->n_kv_heads * c->head_dim;
     if (c->n_experts) {

@@ -43,7 +43,6 @@ struct act_in {
     const float *norm;
     float eps;
     int n;
-    int exp; /* experiment switches (MOE_CUDA_EXP): 1 staging without stage_one_chunk */
 };
 
 /* Routing as route_tokens in cpu_forward.c: softmax (gating 0) or
@@ -112,8 +111,6 @@ struct ffn_down_args {
     int shared_act_off;
     float *x;
     int lanes;
-    int act_first; /* experiment: 1 the first rows loaded after the staging, not before the wait; 2 after the
-                      staging's loads */
     uint64_t *trace;
 };
 
@@ -130,7 +127,6 @@ struct attn_args {
     float *part;                   /* (n_kv, n_splits, G, hd + 2) */
     unsigned *counters;            /* (n_kv) */
     int n_heads, n_kv, hd, n_splits;
-    int exp; /* experiment: 2 the merge's rounds after m and l */
     uint64_t *trace;
 };
 
@@ -290,7 +286,6 @@ struct cuda_state {
     int max_grid;
     cudaGraphExec_t graph;
     bool graph_ready;
-    unsigned exp;         /* MOE_CUDA_EXP: experiment switches */
     unsigned skip_stages; /* stages left out of the step (1 << CUDA_STAGE_*): profiling only */
     cudaEvent_t ev[2];
     /* stage profile (cuda_profile_step): an event after every stage */

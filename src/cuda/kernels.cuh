@@ -208,43 +208,13 @@ __device__ __forceinline__ void quantize_chunk(int kind, const float *v, int c, 
     }
 }
 
-/* A block whose warps take at most one chunk each (the residual stream of
- * up to 256 x warps values): the chunk and its norm weights are loaded
- * together and kept in registers through the norm's reduction, one L2
- * round trip after the wait instead of three (x for the sum of squares,
- * then x and the norm weights again). */
-__device__ __forceinline__ void stage_one_chunk(int kind, const act_in &in, uint8_t *smem) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, base = warp * 256 + lane * 8;
-    const bool valid = base < in.n;
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0}, w[8];
-    if (valid) {
-        load8(in.src + base, v);
-        if (in.norm) load8(in.norm + base, w);
-    }
-    if (in.norm) {
-        double ss = 0.0;
-#pragma unroll
-        for (int k = 0; k < 8; k++) ss += (double)v[k] * v[k];
-        const float scale = rms_scale(block_sum_double(ss, (double *)(smem + act_bytes(kind, in.n))), in.n, in.eps);
-#pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = v[k] * scale * w[k];
-    }
-    if (warp * 256 < in.n) quantize_chunk(kind, v, warp, valid, act_dest_of(smem, in.n));
-    __syncthreads();
-}
-
 /* Normalise and quantize `in` into shared memory as `kind`. When gate_w is
  * given, also computes sigmoid(dot(normalised input, gate_w)) and block 0
  * stores it in *gate_out (the shared expert's gate). Ends with a barrier. */
-template <class AfterLoads>
 __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
-                                          float *gate_out, AfterLoads after_loads) {
+                                          float *gate_out) {
     const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
     const int lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
-    if (!(in.exp & 1) && kind != ACT_F32 && !gate_w && n <= 256 * nw) {
-        stage_one_chunk(kind, in, smem);
-        return;
-    }
     float *scratch = (float *)(smem + act_bytes(kind, n));
     float scale = 1.0f;
     if (in.norm) {
@@ -300,16 +270,10 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
                 for (int k = 0; k < 8; k++) v[r][k] = v[r][k] * scale * w[k];
             }
         }
-        if (c0 == warp) after_loads();
         quantize_chunk(kind, v[0], c0, valid[0], dest);
         if ((c0 + nw) * 256 < n) quantize_chunk(kind, v[1], c0 + nw, valid[1], dest);
     }
     __syncthreads();
-}
-
-__device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
-                                          float *gate_out) {
-    stage_act(kind, in, smem, gate_w, gate_out, [] {});
 }
 
 /* ---------------------------------------------------------------- activations in registers */
@@ -829,19 +793,17 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
      * before the launch before this one passed its own wait: they may be
      * read before this launch's wait, and so may the first rows. */
     term_batches<F> first;
-    auto load_first = [&]() {
-        if (start + grp >= total) return;
-        if (a.n_routed) {
+    if (start + grp < total) {
+        if (a.n_routed)
             load_first_terms<F>(first, a.down, start + grp, a.n_routed,
                                 [&](int j) { return a.ids ? __ldcg(a.ids + j) : 0; }, sub, L);
-        } else {
+        else {
             const dmat &m = a.sh_down;
             const int row = start + grp;
             load_batch<F>(first.b[0], m.body + (int64_t)row * m.row_stride, m.meta + (int64_t)row * m.meta_row_stride,
                           m.units, sub, L);
         }
-    };
-    if (!a.act_first) load_first();
+    }
     pdl_wait();
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
@@ -850,11 +812,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         weights[threadIdx.x] = a.route_w ? a.route_w[threadIdx.x] : 1.0f;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
-    stage_act(F::ACT, a.in, smem, NULL, NULL, [&] {
-        if (a.act_first == 2) load_first();
-    }); /* ends with a barrier */
+    stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
-    if (a.act_first == 1) load_first();
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     auto do_row = [&](int base, const term_batches<F> *pre) {
         const int row = base + grp;
