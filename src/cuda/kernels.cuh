@@ -249,29 +249,23 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
         return;
     }
     const act_dest dest = act_dest_of(smem, n);
-    /* A warp takes 256 values, 8 per lane: lane l holds [256 c + 8 l, +8);
-     * two chunks a round, their loads issued together (the FFN's hidden
-     * state of 6144 values: one L2 round trip, not two). */
-    for (int c0 = warp; c0 * 256 < n; c0 += 2 * nw) {
-        float v[2][8];
-        bool valid[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int base = (c0 + r * nw) * 256 + lane * 8;
-            valid[r] = base < n;
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[r][k] = 0.0f;
-            if (!valid[r]) continue;
-            load8(in.src + base, v[r]);
+    /* A warp takes 256 values, 8 per lane: lane l holds [256 c + 8 l, +8).
+     * (Two chunks a round, their loads issued together, made the kernels'
+     * code 2-14% larger: see bench/decode-plan.md, fact 17.) */
+    for (int c = warp; c * 256 < n; c += nw) {
+        const int base = c * 256 + lane * 8;
+        const bool valid = base < n;
+        float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (valid) {
+            load8(in.src + base, v);
             if (in.norm) {
                 float w[8];
                 load8(in.norm + base, w);
 #pragma unroll
-                for (int k = 0; k < 8; k++) v[r][k] = v[r][k] * scale * w[k];
+                for (int k = 0; k < 8; k++) v[k] = v[k] * scale * w[k];
             }
         }
-        quantize_chunk(kind, v[0], c0, valid[0], dest);
-        if ((c0 + nw) * 256 < n) quantize_chunk(kind, v[1], c0 + nw, valid[1], dest);
+        quantize_chunk(kind, v, c, valid, dest);
     }
     __syncthreads();
 }
