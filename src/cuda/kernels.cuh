@@ -556,10 +556,26 @@ struct row_ahead {
     static constexpr bool value = false;
 };
 
+/* How gemv_kernel walks its rows, chosen on the host per launch (gemv_rows)
+ * and a template parameter like the epilogue, so that a kernel carries
+ * only the code of its own way: ROWS_AHEAD, one batch a row and a few rows
+ * a warp, the next row's batch loaded before this one is multiplied (the
+ * layers' projections); ROWS_ACT, one batch a row and many rows, the
+ * activation in registers (the output head); ROWS_LOOP, rows of several
+ * batches. */
+enum { ROWS_AHEAD, ROWS_ACT, ROWS_LOOP };
+
+template <class F>
+inline int gemv_rows(int units, int lanes, int total, int grid) {
+    const int stride = grid * GEMV_WARPS * (32 / lanes);
+    if (row_ahead<F>::value && units <= lanes * F::N && total <= FEW_ROWS * stride) return ROWS_AHEAD;
+    return units <= lanes * F::N ? ROWS_ACT : ROWS_LOOP;
+}
+
 /* EPI is the launch's epilogue (EPI_NONE, EPI_ARGMAX), a template
  * parameter so that the plain products carry no argmax code: a kernel's code is fetched from memory at every layer (the weights
  * stream through L2), and small code starts sooner. */
-template <class F, int EPI>
+template <class F, int EPI, int ROWS>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     DYN_SMEM(uint8_t, smem);
     trace_mark(a.trace, TRACE_ENTRY);
@@ -613,7 +629,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         for_each_row(start, stride, total, first, do_row);
     };
     const int U = a.seg[0].w.units; /* every segment multiplies the same input */
-    if (row_ahead<F>::value && U <= L * F::N && total <= FEW_ROWS * stride) {
+    if constexpr (ROWS == ROWS_AHEAD) {
         /* One batch a row, a few rows a warp (the layers' projections):
          * each row's batch is loaded before the row before is multiplied,
          * so that one is always in flight. The activation is read from
@@ -632,7 +648,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
             finish_row(row, row < total ? dot_batch<F>(b, U, sub, L, av, 0) : 0.0f);
             b = next;
         }
-    } else if (U <= L * F::N) { /* one batch a row, many rows (the output head): the activation in registers */
+    } else if constexpr (ROWS == ROWS_ACT) {
         act_batch<F> x;
         load_acts<F>(x, av, 0, U, sub, L);
         run([&](const dmat &w, int r, const unit_batch<F> *pre) {
@@ -684,7 +700,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
 
 /* ---------------------------------------------------------------- FFN */
 
-template <class F>
+/* ACT_REGS: one batch a row (units <= lanes * NP), the activation in
+ * registers; a template parameter as gemv_kernel's ROWS. */
+template <class F, bool ACT_REGS>
 __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args a) {
     DYN_SMEM(uint8_t, smem);
     const int L = a.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -754,7 +772,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         for_each_row(start, stride, total, first, do_row);
     };
     constexpr int NP = pair_batch<F>::NP;
-    if (U <= L * NP) { /* one batch a row: the activation in registers */
+    if constexpr (ACT_REGS) {
         act_batch<F, NP> x;
         load_acts<F, NP>(x, av, 0, U, sub, L);
         run([&](const pair_rows &p, const pair_batch<F> *pre, float *g, float *u) {
@@ -772,7 +790,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     trace_block_mark(a.trace, TRACE_WORKED);
 }
 
-template <class F>
+/* SHARED: the launch has a shared expert (a template parameter: a MoE
+ * without one carries none of its code). */
+template <class F, bool SHARED>
 __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_args a) {
     DYN_SMEM(uint8_t, smem);
     __shared__ int ids[MAX_EXPERTS_USED];
@@ -791,7 +811,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         if (a.n_routed)
             load_first_terms<F>(first, a.down, start + grp, a.n_routed,
                                 [&](int j) { return a.ids ? __ldcg(a.ids + j) : 0; }, sub, L);
-        else {
+        else if (SHARED) {
             const dmat &m = a.sh_down;
             const int row = start + grp;
             load_batch<F>(first.b[0], m.body + (int64_t)row * m.row_stride, m.meta + (int64_t)row * m.meta_row_stride,
@@ -815,7 +835,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         float acc = 0.0f;
         if (valid && a.n_routed)
             acc = dot_terms<F>(a.down, row, a.n_routed, ids, weights, a.routed_act_stride, av, L, sub, pre);
-        if (valid && a.has_shared) {
+        if (SHARED && valid && a.has_shared) {
             const dmat &m = a.sh_down;
             const uint8_t *body = m.body + (int64_t)row * m.row_stride, *meta = m.meta + (int64_t)row * m.meta_row_stride;
             /* `first` holds the shared expert's row only when no routed one came first */
@@ -847,46 +867,79 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
 
 #include "cuda/dequant.cuh"
 
-/* Everything a family file provides for its format F: the kernels and the
- * table entry cuda_formats[] points at (cuda_model.cu); the prefill's
- * dequantization comes from dequant.cuh. */
-#define DEFINE_CUDA_FORMAT(F, ident)                                                                             \
-    static void ident##_gemv(const gemv_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {            \
-        if (a->epilogue == EPI_ARGMAX)                                                                         \
-            LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_ARGMAX>), grid, GEMV_THREADS, smem, st, *a);                   \
-        else                                                                                                   \
-            LAUNCH_PDL(pdl, (gemv_kernel<F, EPI_NONE>), grid, GEMV_THREADS, smem, st, *a);                     \
-    }                                                                                                          \
-    static void ident##_up(const ffn_up_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {            \
-        LAUNCH_PDL(pdl, ffn_up_kernel<F>, grid, GEMV_THREADS, smem, st, *a);                                   \
-    }                                                                                                          \
-    static void ident##_down(const ffn_down_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {        \
-        LAUNCH_PDL(pdl, ffn_down_kernel<F>, grid, GEMV_THREADS, smem, st, *a);                                 \
-    }                                                                                                          \
-    static void ident##_embed(const dmat *m, const int *step, float *x, cudaStream_t st, bool pdl) {            \
-        int grid = (m->units + 255) / 256;                                                                     \
-        LAUNCH_PDL(pdl, embed_kernel<F>, grid, 256, 0, st, *m, step, x);                                       \
-    }                                                                                                          \
-    static int ident##_occupancy(int kernel, size_t smem) {                                                    \
-        int n = 0;                                                                                             \
-        cudaError_t e = kernel == 0   ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<F, EPI_NONE>, GEMV_THREADS, smem) \
-                        : kernel == 1 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ffn_up_kernel<F>, GEMV_THREADS, smem) \
-                                      : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ffn_down_kernel<F>, GEMV_THREADS, smem); \
-        return e == cudaSuccess && n > 0 ? n : 1;                                                              \
-    }                                                                                                          \
-    static cudaError_t ident##_allow_smem(int bytes) {                                                         \
-        cudaError_t e = cudaFuncSetAttribute(gemv_kernel<F, EPI_NONE>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
-        if (e == cudaSuccess)                                                                                  \
-            e = cudaFuncSetAttribute(gemv_kernel<F, EPI_ARGMAX>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
-        if (e == cudaSuccess)                                                                                  \
-            e = cudaFuncSetAttribute(ffn_up_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);   \
-        if (e == cudaSuccess)                                                                                  \
-            e = cudaFuncSetAttribute(ffn_down_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes); \
-        return e;                                                                                              \
-    }                                                                                                          \
-    extern const cuda_format cuda_format_##ident = {                                                           \
-        F::TYPE, #ident, F::BLOCK, F::BODY, F::META, F::UNITS, F::ACT, F::N, F::repack,                        \
-        ident##_gemv, ident##_up, ident##_down, ident##_embed, ident##_occupancy, ident##_allow_smem,           \
-        launch_dequant<F>};
+/* The launches of a format's kernels, each picking the instance for the
+ * launch's shape (gemv_rows, ffn_up's ACT_REGS, ffn_down's SHARED). */
+template <class F, int EPI>
+static void launch_gemv_as(const gemv_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {
+    const int rows = gemv_rows<F>(a->seg[0].w.units, a->lanes, a->seg_end[a->n_seg - 1], grid);
+    if (rows == ROWS_AHEAD) LAUNCH_PDL(pdl, (gemv_kernel<F, EPI, ROWS_AHEAD>), grid, GEMV_THREADS, smem, st, *a);
+    else if (rows == ROWS_ACT) LAUNCH_PDL(pdl, (gemv_kernel<F, EPI, ROWS_ACT>), grid, GEMV_THREADS, smem, st, *a);
+    else LAUNCH_PDL(pdl, (gemv_kernel<F, EPI, ROWS_LOOP>), grid, GEMV_THREADS, smem, st, *a);
+}
+
+template <class F>
+static void launch_gemv(const gemv_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {
+    if (a->epilogue == EPI_ARGMAX) launch_gemv_as<F, EPI_ARGMAX>(a, grid, smem, st, pdl);
+    else launch_gemv_as<F, EPI_NONE>(a, grid, smem, st, pdl);
+}
+
+template <class F>
+static void launch_up(const ffn_up_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {
+    const int units = a->n_routed ? a->gate.units : a->sh_gate.units;
+    if (units <= a->lanes * pair_batch<F>::NP) LAUNCH_PDL(pdl, (ffn_up_kernel<F, true>), grid, GEMV_THREADS, smem, st, *a);
+    else LAUNCH_PDL(pdl, (ffn_up_kernel<F, false>), grid, GEMV_THREADS, smem, st, *a);
+}
+
+template <class F>
+static void launch_down(const ffn_down_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {
+    if (a->has_shared) LAUNCH_PDL(pdl, (ffn_down_kernel<F, true>), grid, GEMV_THREADS, smem, st, *a);
+    else LAUNCH_PDL(pdl, (ffn_down_kernel<F, false>), grid, GEMV_THREADS, smem, st, *a);
+}
+
+template <class F>
+static void launch_embed(const dmat *m, const int *step, float *x, cudaStream_t st, bool pdl) {
+    const int grid = (m->units + 255) / 256;
+    LAUNCH_PDL(pdl, embed_kernel<F>, grid, 256, 0, st, *m, step, x);
+}
+
+/* Blocks a multiprocessor of kernel 0 (gemv), 1 (ffn_up), 2 (ffn_down);
+ * the instances of one kernel differ in code, not in their limits. */
+template <class F>
+static int format_occupancy(int kernel, size_t smem) {
+    int n = 0;
+    cudaError_t e = kernel == 0   ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<F, EPI_NONE, ROWS_ACT>, GEMV_THREADS, smem)
+                    : kernel == 1 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ffn_up_kernel<F, true>, GEMV_THREADS, smem)
+                                  : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ffn_down_kernel<F, false>, GEMV_THREADS, smem);
+    return e == cudaSuccess && n > 0 ? n : 1;
+}
+
+template <class K>
+static cudaError_t allow_smem_of(K kernel, int bytes, cudaError_t e) {
+    return e == cudaSuccess ? cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) : e;
+}
+
+template <class F>
+static cudaError_t format_allow_smem(int bytes) {
+    cudaError_t e = cudaSuccess;
+    e = allow_smem_of(gemv_kernel<F, EPI_NONE, ROWS_AHEAD>, bytes, e);
+    e = allow_smem_of(gemv_kernel<F, EPI_NONE, ROWS_ACT>, bytes, e);
+    e = allow_smem_of(gemv_kernel<F, EPI_NONE, ROWS_LOOP>, bytes, e);
+    e = allow_smem_of(gemv_kernel<F, EPI_ARGMAX, ROWS_AHEAD>, bytes, e);
+    e = allow_smem_of(gemv_kernel<F, EPI_ARGMAX, ROWS_ACT>, bytes, e);
+    e = allow_smem_of(gemv_kernel<F, EPI_ARGMAX, ROWS_LOOP>, bytes, e);
+    e = allow_smem_of(ffn_up_kernel<F, true>, bytes, e);
+    e = allow_smem_of(ffn_up_kernel<F, false>, bytes, e);
+    e = allow_smem_of(ffn_down_kernel<F, true>, bytes, e);
+    return allow_smem_of(ffn_down_kernel<F, false>, bytes, e);
+}
+
+/* Everything a family file provides for its format F: the table entry
+ * cuda_formats[] points at (cuda_model.cu); the prefill's dequantization
+ * comes from dequant.cuh. */
+#define DEFINE_CUDA_FORMAT(F, ident)                                                                              \
+    extern const cuda_format cuda_format_##ident = {                                                            \
+        F::TYPE,          #ident,         F::BLOCK,        F::BODY,         F::META,                 F::UNITS,  \
+        F::ACT,           F::N,           F::repack,       launch_gemv<F>,  launch_up<F>,            launch_down<F>, \
+        launch_embed<F>,  format_occupancy<F>, format_allow_smem<F>, launch_dequant<F>};
 
 #endif
