@@ -13,6 +13,8 @@
  *  - greedy decoding chained on the device (cuda_decode_greedy: each
  *    step's argmax feeds the next, no host round trip) gives the tokens
  *    the host gets by taking the argmax of each step's logits;
+ *  - the timeline of a layer inside the graph (moe bench --profile)
+ *    marks each of the layer's launches, in order;
  *  - MOE_TEST_MODEL=FILE adds that file (the device run gives it the
  *    synthetic Qwen3-30B-A3B in q4_k): 64 positions against the CPU.
  *
@@ -467,6 +469,45 @@ static void test_model_file(void) {
     model_free(m);
 }
 
+/* ---------------------------------------------------------------- the timeline */
+
+/* cuda_timeline_layer marks every launch of the layer, in the step's
+ * order: each launch's first wait returns after the launch before is done
+ * (on the GPU as in the simulator, where launches run one by one). */
+static void test_timeline(void) {
+    model *m = make_model("tiny", "qwen3moe", false, "q4_k");
+    if (!m) return;
+    cuda_model *g = NULL;
+    cuda_state *s = NULL;
+    moe_error err = {0};
+    CHECKF(cuda_model_new(m, &g, &err) == MOE_OK, "%s", err.message);
+    cuda_options o = cuda_default_options();
+    if (g) CHECKF(cuda_state_new(g, 8, &o, &s, &err) == MOE_OK, "%s", err.message);
+    cuda_timeline t;
+    if (s) CHECKF(cuda_decode_greedy(s, 1, 0, 4, NULL, NULL, &err) == MOE_OK, "%s", err.message);
+    if (s) CHECKF(cuda_timeline_layer(s, 1, 4, 1, 2, &t, &err) == MOE_OK, "%s", err.message);
+    if (s) {
+        const int want[] = {CUDA_STAGE_QKV, CUDA_STAGE_ATTENTION, CUDA_STAGE_O, CUDA_STAGE_ROUTER, CUDA_STAGE_UP,
+                            CUDA_STAGE_DOWN};
+        CHECKF(t.n == 6, "%d launches traced", t.n);
+        for (int i = 0; i < t.n && i < 6; i++) {
+            const cuda_timeline_stage *st = &t.stages[i];
+            CHECKF(st->stage == want[i] && st->blocks > 0, "launch %d: stage %d, %d blocks", i, st->stage, st->blocks);
+            CHECKF(st->entry_first <= st->waited_first && st->waited_first <= st->done,
+                   "stage %d: start %.2f, wait %.2f, done %.2f", st->stage, st->entry_first, st->waited_first, st->done);
+            if (i > 0)
+                CHECKF(st->waited_first >= t.stages[i - 1].done, "stage %d's wait returned at %.2f, before %.2f",
+                       st->stage, st->waited_first, t.stages[i - 1].done);
+        }
+        CHECK(t.n > 0 && t.stages[0].waited_first == 0.0);
+        CHECK(t.resolution_ns > 0 && isfinite(t.resolution_ns));
+        CHECK(t.layer == 1 && t.pos == 4 && t.reps == 2);
+    }
+    cuda_state_free(s);
+    cuda_model_free(g);
+    model_free(m);
+}
+
 int main(void) {
     if (!cuda_available()) {
         printf("skipped: no CUDA GPU\n");
@@ -480,6 +521,7 @@ int main(void) {
     const char *np = getenv("MOE_TEST_POSITIONS");
     if (np && atoi(np) > 0) n_positions = atoi(np);
     RUN(test_synthetic_models);
+    RUN(test_timeline);
     RUN(test_batched_prefill);
     RUN(test_model_file);
     return test_summary();
