@@ -278,7 +278,7 @@ static moe_status check_experts(const expert_weights *ew, uint64_t *rng, double 
 
 typedef struct lab_row {
     const char *type;
-    char what[48]; /* the matrix, or the expert kernel */
+    char what[64]; /* the matrix, or the expert kernel */
     double check;  /* worst |gpu - cpu| / sum |w x| */
     bool failed;   /* over the tolerance: not timed */
     cuda_lab_timing t;
@@ -304,7 +304,7 @@ typedef struct lab_report {
     char device[256];
     int n_sm, reps;
     double bw_median, bw_min, bw_max;
-    lab_row gemv[N_LAB_TYPES * N_SHAPES], experts[N_LAB_TYPES * 2];
+    lab_row gemv[N_LAB_TYPES * N_SHAPES], experts[N_LAB_TYPES * 2 + 2];
     int n_gemv, n_experts;
     chain_row chains[N_CHAINS];
     top_row tops[N_TOPS];
@@ -368,7 +368,8 @@ static void print_markdown(const lab_report *r) {
     printf("\nTimes: median of %d replays after a warm-up replay of a CUDA graph of max(copies, 8) launches, "
            "between two CUDA events, divided by its launches, so a launch's time includes the graph's gap before the "
            "next kernel (no PDL). Each launch reads the next of `copies` copies of the weights (at least "
-           "240 MB in all; an H200's L2 is 50 MB) and, for the experts, %d new ids from device memory. The pure read "
+           "240 MB in all; an H200's L2 is 50 MB) and, for the experts, %d new ids from device memory (scattered as "
+           "a token's are; \"neighbouring\": adjacent in the slab, a new group each launch). The pure read "
            "has the kernel's grid, lanes per row and rows per warp, and 16-byte loads of every body chunk (with its "
            "block's meta) of the same rows, only XOR-folded. check: worst |gpu - cpu| / sum |w x| over the rows "
            "(ffn_up: of h, the sums of gate and up carried through SwiGLU; ffn_down: of the residual's increment, on "
@@ -468,13 +469,18 @@ static moe_status measure_gemv(lab_report *r, const weight_pool *pool, int shape
     return st;
 }
 
-static moe_status measure_experts(lab_report *r, const weight_pool *pool, uint64_t *rng, moe_error *err) {
+/* The two expert kernels' rows; neighbours: each launch's experts side by
+ * side in the slab (Q4_K only), beside the scattered ids a token picks,
+ * to tell the addressing's cost (DRAM pages, TLB) from the bytes'. */
+static moe_status measure_experts_as(lab_report *r, const weight_pool *pool, uint64_t *rng, bool neighbours,
+                                     moe_error *err) {
     expert_weights ew = {pool->type, NULL, NULL, NULL, quant_row_bytes(pool->type, N_EMBD) * N_FF,
                          quant_row_bytes(pool->type, N_FF) * N_EMBD};
     lab_row *up = &r->experts[r->n_experts++], *down = &r->experts[r->n_experts++];
     up->type = down->type = quant_format_of(pool->type)->name;
-    snprintf(up->what, sizeof up->what, "ffn_up (gate + up + SwiGLU)");
-    snprintf(down->what, sizeof down->what, "ffn_down (weighted, + residual)");
+    const char *ids = neighbours ? ", neighbouring experts" : "";
+    snprintf(up->what, sizeof up->what, "ffn_up (gate + up + SwiGLU)%s", ids);
+    snprintf(down->what, sizeof down->what, "ffn_down (weighted, + residual)%s", ids);
     const int64_t values = (int64_t)N_EXPERTS * N_FF * N_EMBD;
     ew.gate = pool_draw(pool, values, rng);
     ew.up = pool_draw(pool, values, rng);
@@ -484,9 +490,15 @@ static moe_status measure_experts(lab_report *r, const weight_pool *pool, uint64
                                                 : moe_error_set(err, MOE_ERR_NOMEM, "out of memory for the experts");
     const bool up_ok = st == MOE_OK && judge(r, up, check_h), down_ok = st == MOE_OK && judge(r, down, check_y);
     if (up_ok && down_ok) /* one launch times both: a failure of either leaves both untimed */
-        st = cuda_lab_experts(pool->type, N_EXPERTS, TOP_K, N_FF, N_EMBD, ew.gate, ew.up, ew.down, r->reps, &up->t,
-                              &down->t, err);
+        st = cuda_lab_experts(pool->type, N_EXPERTS, TOP_K, neighbours, N_FF, N_EMBD, ew.gate, ew.up, ew.down,
+                              r->reps, &up->t, &down->t, err);
     free(ew.gate), free(ew.up), free(ew.down);
+    return st;
+}
+
+static moe_status measure_experts(lab_report *r, const weight_pool *pool, uint64_t *rng, moe_error *err) {
+    moe_status st = measure_experts_as(r, pool, rng, false, err);
+    if (st == MOE_OK && pool->type == MOE_TYPE_Q4_K) st = measure_experts_as(r, pool, rng, true, err);
     return st;
 }
 
@@ -578,7 +590,8 @@ static void print_help(void) {
            "fraction of the read bandwidth measured in the same run:\n"
            "  - gemv_kernel on 4096 x 2048, 2048 x 4096 and the 151936 x 2048 output head;\n"
            "  - ffn_up and ffn_down on 128 experts (gate/up 768 x 2048, down 2048 x 768),\n"
-           "    8 of them a launch by ids in device memory that change every launch;\n"
+           "    8 of them a launch by ids in device memory that change every launch\n"
+           "    (for Q4_K also 8 experts adjacent in the slab, to weigh the addressing);\n"
            "  - a chain of 1000 dependent launches (1 x 32, 3 blocks per SM x 256 and\n"
            "    1 per SM x 512 threads): plain on a stream, as one graph, as a graph with\n"
            "    PDL, and as one resident kernel whose links are parted by grid barriers;\n"

@@ -246,10 +246,11 @@ moe_status cuda_lab_device(char *name, size_t len, int *n_sm, moe_error *err);
 moe_status cuda_lab_gemv(moe_type type, int rows, int cols, const void *w, int reps, cuda_lab_timing *out,
                          moe_error *err);
 /* ffn_up (k experts of gate and up, n_ff x n_embd) and ffn_down (n_embd x
- * n_ff) by ids that change every launch; slabs as in cuda_test_experts. */
-moe_status cuda_lab_experts(moe_type type, int n_experts, int k, int n_ff, int n_embd, const void *gate, const void *up,
-                            const void *down, int reps, cuda_lab_timing *up_out, cuda_lab_timing *down_out,
-                            moe_error *err);
+ * n_ff) by ids that change every launch: scattered over the slab, or
+ * (neighbours) k adjacent experts; slabs as in cuda_test_experts. */
+moe_status cuda_lab_experts(moe_type type, int n_experts, int k, bool neighbours, int n_ff, int n_embd, const void *gate,
+                            const void *up, const void *down, int reps, cuda_lab_timing *up_out,
+                            cuda_lab_timing *down_out, moe_error *err);
 /* What a sampled token pays to bring the top n of n_vocab logits (and
  * n_extra penalised ones) to the host (cuda_top_logits: launch, copies,
  * sync), or with n = 0 all of the logits: the median host-clock

@@ -488,14 +488,15 @@ moe_status cuda_lab_gemv(moe_type type, int rows, int cols, const void *w, int r
 /* ---------------------------------------------------------------- routed experts */
 
 /* Expert ids of n launches, k each: consecutive k-slices of shuffled
- * permutations of 0..n_experts-1. */
-static void expert_sequence(int *ids, int *perm, int n_launches, int k, int n_experts, uint64_t seed) {
+ * permutations of 0..n_experts-1, or (neighbours) of 0..n_experts-1 in
+ * order, so that a launch's experts lie side by side in the slab. */
+static void expert_sequence(int *ids, int *perm, int n_launches, int k, int n_experts, bool neighbours, uint64_t seed) {
     const int slices = n_experts / k;
     int used = slices;
     for (int i = 0; i < n_experts; i++) perm[i] = i;
     for (int l = 0; l < n_launches; l++) {
         if (used == slices) {
-            for (int i = n_experts - 1; i > 0; i--) {
+            for (int i = n_experts - 1; i > 0 && !neighbours; i--) {
                 int j = (int)(lab_rand(&seed) % (uint64_t)(i + 1)), t = perm[i];
                 perm[i] = perm[j], perm[j] = t;
             }
@@ -506,14 +507,14 @@ static void expert_sequence(int *ids, int *perm, int n_launches, int k, int n_ex
 }
 
 /* Device ids of n_launches launches (see expert_sequence). */
-static moe_status upload_ids(lab_ctx *c, int **out, int n_launches, int k, int n_experts) {
+static moe_status upload_ids(lab_ctx *c, int **out, int n_launches, int k, int n_experts, bool neighbours) {
     moe_error *err = c->err;
     int *ids = (int *)malloc((size_t)n_launches * k * sizeof(int)), *perm = (int *)malloc((size_t)n_experts * sizeof(int));
     moe_status st = ids && perm ? lab_alloc(c, (void **)out, (size_t)n_launches * k * sizeof(int))
                                 : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     cudaError_t e = cudaSuccess;
     if (st == MOE_OK) {
-        expert_sequence(ids, perm, n_launches, k, n_experts, 0x5851f42d4c957f2dull);
+        expert_sequence(ids, perm, n_launches, k, n_experts, neighbours, 0x5851f42d4c957f2dull);
         e = cudaMemcpy(*out, ids, (size_t)n_launches * k * sizeof(int), cudaMemcpyHostToDevice);
     }
     free(ids);
@@ -593,8 +594,8 @@ static moe_status time_down(lab_ctx *c, const expert_run &r, cuda_lab_timing *ou
     }, &out->read_us);
 }
 
-static moe_status lab_experts(lab_ctx *c, expert_run *r, int n_experts, const void *gate, const void *up,
-                              const void *down, cuda_lab_timing *up_out, cuda_lab_timing *down_out) {
+static moe_status lab_experts(lab_ctx *c, expert_run *r, int n_experts, bool neighbours, const void *gate,
+                              const void *up, const void *down, cuda_lab_timing *up_out, cuda_lab_timing *down_out) {
     moe_error *err = c->err;
     const int t = r->f->type;
     const host_mat mats[3] = {{t, n_experts, r->n_ff, r->n_embd, (const uint8_t *)gate},
@@ -605,7 +606,7 @@ static moe_status lab_experts(lab_ctx *c, expert_run *r, int n_experts, const vo
     moe_status st = upload_copies(c, mats, 3, m, &r->wc);
     if (st != MOE_OK) return st;
     r->gate = m[0], r->up = m[1], r->down = m[2];
-    if ((st = upload_ids(c, &ids, (r->reps + 1) * batch_of(r->wc), r->k, n_experts)) != MOE_OK) return st;
+    if ((st = upload_ids(c, &ids, (r->reps + 1) * batch_of(r->wc), r->k, n_experts, neighbours)) != MOE_OK) return st;
     r->ids = ids;
     if ((st = upload_input(c, &r->x, r->n_embd, 0x2545f4914f6cdd1dull)) != MOE_OK ||
         (st = upload_input(c, &r->route_w, r->k, 0xda942042e4dd58b5ull)) != MOE_OK ||
@@ -619,9 +620,9 @@ static moe_status lab_experts(lab_ctx *c, expert_run *r, int n_experts, const vo
     return time_down(c, *r, down_out);
 }
 
-moe_status cuda_lab_experts(moe_type type, int n_experts, int k, int n_ff, int n_embd, const void *gate, const void *up,
-                            const void *down, int reps, cuda_lab_timing *up_out, cuda_lab_timing *down_out,
-                            moe_error *err) {
+moe_status cuda_lab_experts(moe_type type, int n_experts, int k, bool neighbours, int n_ff, int n_embd, const void *gate,
+                            const void *up, const void *down, int reps, cuda_lab_timing *up_out,
+                            cuda_lab_timing *down_out, moe_error *err) {
     memset(up_out, 0, sizeof *up_out);
     memset(down_out, 0, sizeof *down_out);
     const cuda_format *f = cuda_format_of(type);
@@ -634,7 +635,7 @@ moe_status cuda_lab_experts(moe_type type, int n_experts, int k, int n_ff, int n
     r.f = f, r.k = k, r.n_ff = n_ff, r.n_embd = n_embd, r.reps = reps;
     lab_ctx c;
     moe_status st = lab_open(&c, err);
-    if (st == MOE_OK) st = lab_experts(&c, &r, n_experts, gate, up, down, up_out, down_out);
+    if (st == MOE_OK) st = lab_experts(&c, &r, n_experts, neighbours, gate, up, down, up_out, down_out);
     lab_close(&c);
     return st;
 }
