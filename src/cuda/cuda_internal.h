@@ -228,8 +228,6 @@ __host__ __device__ inline size_t route_smem(int n_experts) {
  * block-sum scratch (at least 64 floats: the argmax's flag and partials). */
 __host__ __device__ inline size_t gemv_smem(int kind, int n) { return act_bytes(kind, n) + 64 * sizeof(float); }
 
-
-
 /* Blocks of a matrix-vector launch over `rows` rows (GEMV_WARPS * 32 /
  * lanes a block): at most one a multiprocessor for a layer's small
  * matrices, a launch with rows for four or more such passes (the output

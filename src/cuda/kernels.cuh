@@ -251,7 +251,7 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
     const act_dest dest = act_dest_of(smem, n);
     /* A warp takes 256 values, 8 per lane: lane l holds [256 c + 8 l, +8).
      * (Two chunks a round, their loads issued together, made the kernels'
-     * code 2-14% larger: see bench/decode-plan.md, fact 17.) */
+     * code 8-20% larger and the step slower: bench/decode-plan.md, fact 20.) */
     for (int c = warp; c * 256 < n; c += nw) {
         const int base = c * 256 + lane * 8;
         const bool valid = base < n;
@@ -573,8 +573,9 @@ inline int gemv_rows(int units, int lanes, int total, int grid) {
 }
 
 /* EPI is the launch's epilogue (EPI_NONE, EPI_ARGMAX), a template
- * parameter so that the plain products carry no argmax code: a kernel's code is fetched from memory at every layer (the weights
- * stream through L2), and small code starts sooner. */
+ * parameter so that the plain products carry no argmax code: a kernel's
+ * code is fetched from memory at every layer (the weights stream through
+ * L2), and small code starts sooner. */
 template <class F, int EPI, int ROWS>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     DYN_SMEM(uint8_t, smem);
