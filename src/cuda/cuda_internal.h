@@ -218,10 +218,10 @@ __host__ __device__ inline size_t act_bytes(int kind, int n) {
 }
 
 /* Shared memory of route_block (kernels.cuh): the probabilities, their
- * sort keys, the chosen experts and weights. */
+ * sort keys, the chosen experts' probabilities and ids. */
 __host__ __device__ inline size_t route_smem(int n_experts) {
     return align16((size_t)n_experts * sizeof(float)) + (size_t)n_experts * sizeof(uint64_t) +
-           4 * MAX_EXPERTS_USED * sizeof(float);
+           2 * MAX_EXPERTS_USED * sizeof(float);
 }
 
 /* Dynamic shared memory of a gemv-family launch: the activation and the

@@ -144,11 +144,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     if (tid == 0) a.seg[0].out[e] = dot * rms_scale(ss, n, a.in.eps);
     trace_mark(a.trace, TRACE_WORKED);
     if (!last_block(a.counter, gridDim.x, &flag)) return;
-    route_block(a.route, smem);
-    if (tid < a.route.k) {
-        a.route_w[tid] = route_weights_in(smem, a.route.n_experts)[tid];
-        a.route_ids[tid] = route_ids_in(smem, a.route.n_experts)[tid];
-    }
+    route_block(a.route, smem, a.route_w, a.route_ids);
     trace_mark(a.trace, TRACE_EXIT);
 }
 
@@ -167,12 +163,7 @@ static __global__ void route_kernel(route_spec r, const float *logits, float *we
     pdl_wait();
     pdl_launch_dependents();
     r.logits = logits + (int64_t)blockIdx.x * r.n_experts;
-    route_block(r, smem);
-    const int j = threadIdx.x;
-    if (j < r.k) {
-        weights[(int64_t)blockIdx.x * r.k + j] = route_weights_in(smem, r.n_experts)[j];
-        ids[(int64_t)blockIdx.x * r.k + j] = route_ids_in(smem, r.n_experts)[j];
-    }
+    route_block(r, smem, weights + (int64_t)blockIdx.x * r.k, ids + (int64_t)blockIdx.x * r.k);
 }
 
 void cuda_route(const route_spec *r, const float *logits, int n_tokens, float *weights, int *ids, cudaStream_t st,

@@ -487,21 +487,13 @@ __device__ __forceinline__ uint64_t route_key(float p, int id) {
     return (uint64_t)u << 32 | (0xffffffffu - (uint32_t)id);
 }
 
-/* Where route_block leaves the chosen experts and their weights. */
-__device__ __forceinline__ int *route_ids_in(uint8_t *smem, int n) {
-    return (int *)(smem + align16((size_t)n * 4) + (size_t)n * 8 + 2 * MAX_EXPERTS_USED * 4);
-}
-__device__ __forceinline__ float *route_weights_in(uint8_t *smem, int n) {
-    return (float *)(route_ids_in(smem, n) + MAX_EXPERTS_USED);
-}
-
 /* A block (of any multiple of 32 threads) routes one token: route_tokens
- * in cpu_forward.c on the logits at r.logits, the k experts and weights
- * to route_ids_in / route_weights_in. smem: route_smem(n). Warp 0 takes
+ * in cpu_forward.c on the logits at r.logits, the k experts and their
+ * weights to ids[0..k) and weights[0..k). smem: route_smem(n). Warp 0 takes
  * the softmax (no block barrier); ranks count the better keys, Q lanes an
  * expert, so 128 experts cost 32 compares a thread at 512 threads and 64
  * at the router's 256. */
-__device__ __forceinline__ void route_block(const route_spec &r, uint8_t *smem) {
+__device__ __forceinline__ void route_block(const route_spec &r, uint8_t *smem, float *weights, int *ids) {
     const int tid = threadIdx.x, nt = blockDim.x, n = r.n_experts, lane = tid & 31;
     float *p = (float *)smem;
     uint64_t *key = (uint64_t *)(smem + align16((size_t)n * 4));
@@ -539,10 +531,9 @@ __device__ __forceinline__ void route_block(const route_spec &r, uint8_t *smem) 
         for (int j = 0; j < r.k; j++) sum += chosen_w[j];
         float w = chosen_w[tid];
         if (r.norm_topk) w /= sum;
-        route_weights_in(smem, n)[tid] = w * r.w_scale;
-        route_ids_in(smem, n)[tid] = chosen_id[tid];
+        weights[tid] = w * r.w_scale;
+        ids[tid] = chosen_id[tid];
     }
-    __syncthreads();
 }
 
 /* Rows a warp visits up to which gemv_kernel prefetches the next row
