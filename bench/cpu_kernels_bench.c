@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/median.h"
 #include "cpu/cpu_kernels.h"
 
 #if defined(__x86_64__)
@@ -101,16 +102,6 @@ static uint32_t read_words(const uint8_t *p, size_t bytes) {
     if (cpu_isa_detected() >= CPU_ISA_AVX2) return read_words_avx2(p, bytes);
 #endif
     return read_words_plain(p, bytes);
-}
-
-static int compare_doubles(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, compare_doubles);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 /* A matrix of weights in one format and the activation row for it. */
@@ -189,14 +180,14 @@ static void bench_format(const quant_format *fmt, uint8_t *buffer, size_t capaci
             if (run >= 0) seconds[c][run] = s;
         }
     }
-    const double ceiling = bytes / median(seconds[0], runs) / 1e9;
+    const double ceiling = bytes / median_sort(seconds[0], runs) / 1e9;
     printf("%-7s %7lld %7.1f %9.2f ", fmt->name, (long long)m.rows, bytes / 1e6, ceiling);
     for (int c = 1; c <= CPU_ISA_COUNT; c++) {
         if (notes[c]) {
             printf(" %16s", notes[c]);
             continue;
         }
-        const double gbps = bytes / median(seconds[c], runs) / 1e9;
+        const double gbps = bytes / median_sort(seconds[c], runs) / 1e9;
         printf(" %8.2f (%4.0f%%)", gbps, 100.0 * gbps / ceiling);
     }
     printf("\n");

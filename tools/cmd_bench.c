@@ -35,6 +35,7 @@
 
 #include "cli.h"
 #include "common/clock.h"
+#include "common/median.h"
 #include "cpu/cpu.h"
 #include "cuda/cuda_backend.h"
 #include "model/model.h"
@@ -54,14 +55,9 @@ typedef struct stat3 {
     double median, min, max;
 } stat3;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static stat3 stats(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    stat3 s = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v[0], v[n - 1]};
+    const double median = median_sort(v, n);
+    stat3 s = {median, v[0], v[n - 1]};
     return s;
 }
 

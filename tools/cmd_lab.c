@@ -29,6 +29,7 @@
 
 #include "cli.h"
 #include "common/error.h"
+#include "common/median.h"
 #include "common/progress.h"
 #include "common/thread_pool.h"
 #include "cuda/cuda_backend.h"
@@ -430,17 +431,11 @@ static void print_json(const lab_report *r) {
 
 /* ------------------------------------------------------------ the runs */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static moe_status measure_bandwidth(lab_report *r, moe_error *err) {
     double runs[BW_RUNS];
     moe_status st = cuda_read_bandwidth((size_t)(LAB_BW_GIB * (double)(1ull << 30)), BW_RUNS, runs, err);
     if (st != MOE_OK) return st;
-    qsort(runs, BW_RUNS, sizeof runs[0], cmp_double);
-    r->bw_median = 0.5 * (runs[BW_RUNS / 2 - 1] + runs[BW_RUNS / 2]);
+    r->bw_median = median_sort(runs, BW_RUNS);
     r->bw_min = runs[0];
     r->bw_max = runs[BW_RUNS - 1];
     return MOE_OK;

@@ -30,6 +30,7 @@
 #include "cuda/prefill.h"
 
 extern "C" {
+#include "common/median.h"
 #include "cuda/cuda_backend.h"
 }
 
@@ -386,23 +387,17 @@ moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float
     return st;
 }
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median_of(float *v, int n) {
-    qsort(v, (size_t)n, sizeof(float), cmp_float);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+/* The captured step is dropped when what it captured changes (profiling:
+ * stages left out, the timeline's marks); the next run_step captures anew. */
+static void drop_graph(cuda_state *s) {
+    if (s->graph_ready) cudaGraphExecDestroy(s->graph);
+    s->graph_ready = false;
 }
 
 /* Microseconds a token of `n` graph replays from position pos, with the
  * stages in `skip` left out of the captured step. */
 static moe_status graph_step_us(cuda_state *s, unsigned skip, int32_t token, int pos, int n, float *us, moe_error *err) {
-    if (s->skip_stages != skip && s->graph_ready) {
-        cudaGraphExecDestroy(s->graph);
-        s->graph_ready = false;
-    }
+    if (s->skip_stages != skip) drop_graph(s);
     s->skip_stages = skip;
     const bool graph = s->opt.graph;
     s->opt.graph = true;
@@ -422,7 +417,7 @@ static moe_status profile_in_graph(cuda_state *s, int32_t token, int pos, int re
     stages[n++] = -1; /* the whole step */
     for (int k = 0; k < CUDA_STAGE_COUNT; k++)
         if (out->launches[k]) stages[n++] = k;
-    float *t = (float *)calloc((size_t)n * reps, sizeof(float));
+    double *t = (double *)calloc((size_t)n * reps, sizeof(double));
     if (!t) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     moe_status st = MOE_OK;
     for (int r = -1; r < reps && st == MOE_OK; r++) /* r = -1: warm-up, one capture per variant */
@@ -432,12 +427,11 @@ static moe_status profile_in_graph(cuda_state *s, int32_t token, int pos, int re
             if (r >= 0) t[(size_t)v * reps + r] = us;
         }
     if (st == MOE_OK) {
-        out->graph_total_us = median_of(t, reps);
-        for (int v = 1; v < n; v++) out->graph_us[stages[v]] = out->graph_total_us - median_of(t + (size_t)v * reps, reps);
+        out->graph_total_us = median_sort(t, reps);
+        for (int v = 1; v < n; v++) out->graph_us[stages[v]] = out->graph_total_us - median_sort(t + (size_t)v * reps, reps);
     }
     free(t);
-    if (s->graph_ready) cudaGraphExecDestroy(s->graph);
-    s->graph_ready = false;
+    drop_graph(s);
     s->skip_stages = 0;
     return st;
 }
@@ -488,10 +482,10 @@ moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cu
         row[CUDA_STAGE_COUNT] = ms * 1e3f;
     }
     if (st == MOE_OK) {
-        float *col = (float *)malloc((size_t)reps * sizeof(float));
+        double *col = (double *)malloc((size_t)reps * sizeof(double));
         for (int k = 0; k <= CUDA_STAGE_COUNT && col; k++) {
             for (int r = 0; r < reps; r++) col[r] = per[(size_t)r * (CUDA_STAGE_COUNT + 1) + k];
-            double med = median_of(col, reps);
+            double med = median_sort(col, reps);
             if (k < CUDA_STAGE_COUNT) out->us[k] = med;
             else out->total_us = med;
         }
@@ -508,16 +502,6 @@ moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cu
 
 /* ---------------------------------------------------------------- the timeline of a layer */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median_double(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 enum { TL_ENTRY_FIRST, TL_ENTRY_LAST, TL_WAITED_FIRST, TL_WAITED_LAST, TL_STAGED_MEDIAN, TL_STAGED_LAST,
        TL_WORKED_MEDIAN, TL_WORKED_LAST, TL_DONE, TL_FIELDS };
 
@@ -527,24 +511,23 @@ enum { TL_ENTRY_FIRST, TL_ENTRY_LAST, TL_WAITED_FIRST, TL_WAITED_LAST, TL_STAGED
 static int timeline_fields(const uint64_t *marks, int blocks, uint64_t t0, double *field, double *tmp) {
     auto us = [&](uint64_t t) { return ((double)t - (double)t0) * 1e-3; };
     int entered = 0;
-    double first[TRACE_POINTS], last[TRACE_POINTS], median[TRACE_POINTS], done = -INFINITY;
+    double first[TRACE_POINTS], last[TRACE_POINTS], median[TRACE_POINTS];
     for (int p = 0; p < TRACE_POINTS; p++) {
         int n = 0;
-        first[p] = INFINITY, last[p] = -INFINITY;
         for (int b = 0; b < blocks; b++) {
             const uint64_t t = marks[(size_t)b * TRACE_POINTS + p];
-            if (!t) continue;
-            tmp[n++] = us(t);
-            first[p] = fmin(first[p], us(t)), last[p] = fmax(last[p], us(t));
-            if (p == TRACE_WORKED || p == TRACE_EXIT) done = fmax(done, us(t));
+            if (t) tmp[n++] = us(t);
         }
-        median[p] = n ? median_double(tmp, n) : NAN;
+        median[p] = n ? median_sort(tmp, n) : NAN; /* sorted: the first and last marks at the ends */
+        first[p] = n ? tmp[0] : NAN, last[p] = n ? tmp[n - 1] : NAN;
         if (p == TRACE_ENTRY) entered = n;
     }
+    /* the launch's end: its last work mark or epilogue mark, whichever is later */
+    const double done = isnan(last[TRACE_EXIT]) ? last[TRACE_WORKED] : fmax(last[TRACE_WORKED], last[TRACE_EXIT]);
     const double v[TL_FIELDS] = {first[TRACE_ENTRY],   last[TRACE_ENTRY],   first[TRACE_WAITED],
                                  last[TRACE_WAITED],   median[TRACE_STAGED], last[TRACE_STAGED],
                                  median[TRACE_WORKED], last[TRACE_WORKED],  done};
-    for (int f = 0; f < TL_FIELDS; f++) field[f] = isfinite(v[f]) ? v[f] : NAN;
+    memcpy(field, v, sizeof v);
     return entered;
 }
 
@@ -618,8 +601,7 @@ moe_status cuda_timeline_layer(cuda_state *s, int32_t token, int pos, int layer,
         free(vals), free(col);
         return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     }
-    if (s->graph_ready) cudaGraphExecDestroy(s->graph);
-    s->graph_ready = false;
+    drop_graph(s);
     const bool graph = s->opt.graph;
     s->opt.graph = true;
     s->trace_on = true, s->trace_layer = layer;
@@ -628,14 +610,13 @@ moe_status cuda_timeline_layer(cuda_state *s, int32_t token, int pos, int layer,
     moe_status st = trace_replays(s, token, pos, reps, vals, blocks, &out->resolution_ns, err);
     s->trace_on = false;
     s->opt.graph = graph;
-    if (s->graph_ready) cudaGraphExecDestroy(s->graph);
-    s->graph_ready = false;
+    drop_graph(s);
     for (int k = 0; st == MOE_OK && k < CUDA_STAGE_COUNT; k++) {
         if (!blocks[k]) continue;
         double f[TL_FIELDS];
         for (int i = 0; i < TL_FIELDS; i++) {
             for (int r = 0; r < reps; r++) col[r] = vals[((size_t)r * CUDA_STAGE_COUNT + k) * TL_FIELDS + i];
-            f[i] = median_double(col, reps);
+            f[i] = median_sort(col, reps);
         }
         out->stages[out->n++] = cuda_timeline_stage{k, blocks[k], f[TL_ENTRY_FIRST], f[TL_ENTRY_LAST],
                                                     f[TL_WAITED_FIRST], f[TL_WAITED_LAST], f[TL_STAGED_MEDIAN],
@@ -791,7 +772,7 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
 
 void cuda_state_free(cuda_state *s) {
     if (!s) return;
-    if (s->graph_ready) cudaGraphExecDestroy(s->graph);
+    drop_graph(s);
     for (int i = 0; s->prof_ev && i < s->prof_cap; i++)
         if (s->prof_ev[i]) cudaEventDestroy(s->prof_ev[i]);
     free(s->prof_ev);

@@ -41,6 +41,7 @@
 
 extern "C" {
 #include "common/clock.h"
+#include "common/median.h"
 #include "cuda/cuda_backend.h"
 #include "quant/quant.h"
 }
@@ -360,16 +361,6 @@ static int grid_for(const lab_ctx *c, const cuda_format *f, int kernel, size_t s
     return gemv_grid(c->n_sm, f->occupancy(kernel, smem), rows, lanes, c->n_sm * 32);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median_of(double *v, int n) {
-    qsort(v, (size_t)n, sizeof v[0], cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Median microseconds per launch over `reps` replays of a CUDA graph of
  * `batch` launches (as the decode step runs them: no host launch gaps),
  * after one warm-up replay. launch(i) enqueues launch number i, so the
@@ -395,7 +386,7 @@ static moe_status time_batches(lab_ctx *c, int batch, int reps, Launch launch, d
     }
     cudaGraphExecDestroy(exec);
     CUDA_CHECK(e);
-    *median_us = median_of(per, reps);
+    *median_us = median_sort(per, reps);
     return MOE_OK;
 }
 
@@ -756,7 +747,7 @@ static moe_status run_chain(lab_ctx *c, int *cells, int how, cudaGraphExec_t exe
         CUDA_CHECK(cudaEventElapsedTime(&ms, c->start, c->stop));
         if (r >= 0) per[r] = ms * 1e3 / links;
     }
-    *us = median_of(per, reps);
+    *us = median_sort(per, reps);
     int last = -1;
     CUDA_CHECK(cudaMemcpy(&last, cells + (links & 1), sizeof last, cudaMemcpyDeviceToHost));
     if (last != links)
@@ -855,7 +846,7 @@ moe_status cuda_lab_top_logits(int n_vocab, int n, int n_extra, int reps, double
             st = moe_error_set(err, MOE_ERR_IO, "lab: copying the logits back failed");
         if (r >= 0) per[r] = 1e6 * monotonic_seconds() - t0;
     }
-    if (st == MOE_OK) *us = median_of(per, reps);
+    if (st == MOE_OK) *us = median_sort(per, reps);
     cuda_top_scratch_free(scratch);
     lab_close(&c);
     free(host);
