@@ -24,6 +24,9 @@
  *    attention across several 64-position tiles) against float64 on the
  *    host: relative L2 1e-5 per token; cache rows before the chunk
  *    untouched, after it never written.
+ *  - the decode step's attention (one token; its cache split over 1 to 32
+ *    blocks per KV head and merged, 1 to 16 warps a query head) against
+ *    the same float64 attention, to the same limits.
  *  - the top logits sampling on the device reads, against a full sort.
  *
  * The worst ratio seen per type is printed, so a drift shows before it
@@ -352,7 +355,10 @@ static double rel_l2_double(const float *got, const double *want, size_t n) {
     return sqrt(num / (den > 0 ? den : 1));
 }
 
-static void check_prefill_attention(const attn_case *k) {
+/* One layer's attention on the GPU against float64: the prefill's
+ * (n_splits 0) or, for one token, the decode step's over n_splits blocks
+ * per KV head. */
+static void check_attention(const attn_case *k, int n_splits) {
     const int hd = k->hd, q_dim = k->n_heads * hd, kv_dim = k->n_kv * hd, n_ctx = k->pos + k->T + 5;
     const size_t cache_n = (size_t)n_ctx * kv_dim;
     const bool full = k->qk_norm == QK_NORM_FULL;
@@ -381,10 +387,12 @@ static void check_prefill_attention(const attn_case *k) {
     memcpy(v_gpu, v_in, cache_n * sizeof(float));
     a.rope_freqs = freqs, a.q_norm = qn, a.k_norm = kn, a.bq = bq, a.bk = bk, a.bv = bv, a.qkv = qkv;
     char label[96];
-    snprintf(label, sizeof label, "T=%d pos=%d heads %d/%d hd %d rot %d%s%s qk_norm %d", k->T, k->pos, k->n_heads,
-             k->n_kv, hd, k->n_rot, k->neox ? " neox" : "", k->bias ? " bias" : "", (int)k->qk_norm);
+    snprintf(label, sizeof label, "T=%d pos=%d heads %d/%d hd %d rot %d%s%s qk_norm %d splits %d", k->T, k->pos,
+             k->n_heads, k->n_kv, hd, k->n_rot, k->neox ? " neox" : "", k->bias ? " bias" : "", (int)k->qk_norm,
+             n_splits);
     moe_error err = {0};
-    moe_status st = cuda_test_prefill_attention(&a, k_gpu, v_gpu, out, &err);
+    moe_status st = n_splits ? cuda_test_decode_attention(&a, n_splits, k_gpu, v_gpu, out, &err)
+                             : cuda_test_prefill_attention(&a, k_gpu, v_gpu, out, &err);
     CHECKF(st == MOE_OK, "%s", err.message);
     if (st == MOE_OK) {
         double *q = xmalloc((size_t)k->T * q_dim * sizeof(double)), *want = xmalloc((size_t)hd * sizeof(double));
@@ -412,7 +420,8 @@ static void check_prefill_attention(const attn_case *k) {
             free(ref);
         }
         CHECKF(worst_out <= 1e-5, "%s: attention output rel L2 %.3g", label, worst_out);
-        printf("  prefill attention %-52s worst rel L2 %.3g (cache k %.2g v %.2g)\n", label, worst_out, ek, ev);
+        printf("  %s attention %-62s worst rel L2 %.3g (cache k %.2g v %.2g)\n", n_splits ? "decode" : "prefill", label,
+               worst_out, ek, ev);
         free(q), free(want), free(kc), free(vc);
     }
     free(freqs), free(qn), free(kn), free(bq), free(bk), free(bv), free(qkv), free(k_in), free(v_in);
@@ -431,7 +440,30 @@ static void test_prefill_attention(void) {
         {12, 3, 8, 2, 8, 8, false, false, false, QK_NORM_NONE, 1.0f},         /* hd 8 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_prefill_attention(&cases[i]);
+        check_attention(&cases[i], 0);
+}
+
+/* The decode step's attention: one token after pos cached ones, split over
+ * 1 to 32 blocks per KV head (the merge), 1 to 16 warps a query head (the
+ * fold of a block's warps), every lane width. */
+static void test_decode_attention(void) {
+    const struct {
+        attn_case k;
+        int n_splits;
+    } cases[] = {
+        {{1, 0, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},    /* Qwen3 (G = 8), the first token */
+        {{1, 10, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},   /* one block, two warps a head */
+        {{1, 1000, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32}, /* 32 splits: two merge rounds */
+        {{1, 700, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 5},   /* nine batches a warp */
+        {{1, 130, 4, 4, 64, 64, true, false, false, QK_NORM_FULL, 1.0f}, 3},        /* OLMoE: MHA, 16 warps a head */
+        {{1, 77, 14, 2, 64, 64, true, false, false, QK_NORM_NONE, 1.0f}, 7},        /* Qwen2: G = 7, 14 warps */
+        {{1, 300, 8, 2, 128, 128, false, false, true, QK_NORM_NONE, 0.25f}, 16},    /* Llama 3 */
+        {{1, 200, 16, 1, 256, 64, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 9},  /* G = 16, hd 256 */
+        {{1, 90, 2, 2, 32, 32, false, false, false, QK_NORM_NONE, 1.0f}, 2},        /* hd 32 */
+        {{1, 45, 4, 2, 24, 24, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},     /* hd 24: part of a warp */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_attention(&cases[i].k, cases[i].n_splits);
 }
 
 /* ---------------------------------------------------------------- top logits */
@@ -506,6 +538,7 @@ int main(void) {
     RUN(test_experts_by_id);
     RUN(test_dequant_every_type);
     RUN(test_prefill_attention);
+    RUN(test_decode_attention);
     RUN(test_top_logits);
     return test_summary();
 }

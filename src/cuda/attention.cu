@@ -3,23 +3,27 @@
  * q/k norm, RoPE, appending k and v to the cache, and attention over the
  * cache split across blocks (flash-decoding).
  *
- * Grid: (KV heads, S splits), S fixed per state; a block is G warps, one
- * per query head sharing KV head g (GQA: a key or value row is read from
- * memory once and from L1 by the other warps). A lane holds DPL = hd / 32
- * consecutive dimensions of its head, so a score is a warp sum and nothing
- * goes through shared memory: no block barrier until the merge.
+ * Grid: (KV heads, S splits), S fixed per state (at most 32); a block is
+ * 16 warps, W = 16 / G for each of the G query heads sharing KV head g
+ * (GQA: a key or value row is read from memory once and from L1 by the
+ * other warps). A lane holds DPL = hd / 32 consecutive dimensions of its
+ * head, so a score is a warp sum. The W warps of a head take turns over
+ * the block's positions, a batch each, and fold their running softmax
+ * into the first's through shared memory (one block barrier): a block
+ * covers W times the positions a round trip that one warp a head would.
  *
  * The position comes from device memory, so ranges are cut on the device:
- * chunk = max(sqrt((pos + 1) / 2) in whole batches, ceil((pos + 1) / S)), and
- * blocks past the end return at once; one launch serves every position
- * and lives in the CUDA graph.
+ * chunk = ceil((pos + 1) / S) in whole rounds of W batches, and blocks
+ * past the end return at once; one launch serves every position and lives
+ * in the CUDA graph. All S splits are used, since the merge reads up to
+ * 32 of them in one round: the fewest batches a warp is the shortest path.
  * A warp walks its range in batches of BATCH positions whose key and value
  * loads are all issued before the first is used: a decode attention costs
  * the latency of dependent loads, not bandwidth. Each batch updates the
  * running (max m, sum l, output) of the online softmax once. The first
  * batch is loaded into registers before the launch's wait (cached
  * positions never depend on the launch before) and the rest of the range
- * pulled into L2; at short contexts a block has one batch, so no load
+ * pulled into L2; at short contexts a warp has one batch, so no load
  * follows the wait but q, k and v's.
  *
  * Every warp prepares its query head and its own copy of the new key and
@@ -29,9 +33,10 @@
  * read while it is written.
  *
  * When one block covers the whole range it writes the output itself.
- * Otherwise each block leaves, per head, its m, l and unnormalised output;
- * the last active block of the KV head (an atomic ticket) merges them:
- * out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+ * Otherwise each block leaves, per head, its unnormalised output and its m
+ * and l (two arrays, so the outputs stay 16-byte aligned);
+ * the last active block of the KV head (an atomic ticket) merges them,
+ * all 16 warps at once: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
  *
  * The code is kept small on purpose: a kernel's instructions are fetched
  * from memory at every layer (the weights streaming through L2 evict
@@ -54,25 +59,39 @@ struct attn_shape {
     static constexpr bool PRELOAD = DPL <= 4;
 };
 
-#define ATTN_MAX_G 16      /* query heads per KV head: warps of a block */
-#define ATTN_MAX_SPLITS 128 /* blocks per KV head the merge reads */
+#define ATTN_WARPS 16                 /* a block: ATTN_WARPS / G warps for each of its G query heads */
+#define ATTN_THREADS (32 * ATTN_WARPS)
+#define ATTN_MAX_G ATTN_WARPS         /* query heads per KV head */
+#define ATTN_MAX_SPLITS 32            /* blocks per KV head: the m and l of one a lane in the merge */
+
+/* Warps a query head: the positions of a block are dealt out among them. */
+__host__ __device__ static inline int attn_warps_per_head(int G) { return ATTN_WARPS / G; }
+
+/* A plain load, or one from L2 (ld.cg) for what other blocks of this
+ * launch wrote, which this multiprocessor's L1 may hold from an earlier
+ * layer. */
+template <bool L2, class T>
+__device__ __forceinline__ T load_one(const T *p) {
+    if constexpr (L2) return __ldcg(p);
+    else return *p;
+}
 
 /* This lane's DPL dims at p; `mine` is false for the idle lanes of a head
  * narrower than a warp (hd < 32, one dim a lane): zeros, nothing stored. */
-template <int DPL>
+template <int DPL, bool L2 = false>
 __device__ __forceinline__ void load_dims(const float *p, float *v, bool mine) {
     if (!mine) {
 #pragma unroll
         for (int i = 0; i < DPL; i++) v[i] = 0.0f;
     } else if (DPL == 1) {
-        v[0] = *p;
+        v[0] = load_one<L2>(p);
     } else if (DPL == 2) {
-        float2 t = *(const float2 *)p;
+        float2 t = load_one<L2>((const float2 *)p);
         v[0] = t.x, v[1] = t.y;
     } else {
 #pragma unroll
         for (int i = 0; i < DPL; i += 4) {
-            float4 t = *(const float4 *)(p + i);
+            float4 t = load_one<L2>((const float4 *)(p + i));
             v[i] = t.x, v[i + 1] = t.y, v[i + 2] = t.z, v[i + 3] = t.w;
         }
     }
@@ -231,103 +250,128 @@ __device__ __forceinline__ void attend_batch(const kv_batch<DPL> &b, int p0, int
     m = m_new;
 }
 
-/* Positions [start, end) into (m, l, acc), a batch at a time; the first
- * batch (`first`) was loaded before the launch's wait. */
+/* A warp's batches of [p0, end), every `step` positions, into (m, l,
+ * acc); the first batch (`b`) was loaded before the launch's wait. One
+ * copy of the batch's code serves every batch (code size, see the top of
+ * this file). */
 template <int DPL>
-__device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int start, int end, const float *q,
-                                       const float *k_new, const float *v_new, kv_batch<DPL> &first, float &m,
+__device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int p0, int end, int step, const float *q,
+                                       const float *k_new, const float *v_new, kv_batch<DPL> &b, float &m,
                                        float &l, float *acc) {
-    constexpr int B = kv_batch<DPL>::B;
     const float scale = 1.0f / sqrtf((float)a.hd);
-    put_new<DPL>(first, start, pos, k_new, v_new);
-    attend_batch<DPL>(first, start, end, q, scale, m, l, acc);
 #pragma unroll 1
-    for (int p0 = start + B; p0 < end; p0 += B) {
-        kv_batch<DPL> b;
-        load_cached<DPL>(a, g, pos, p0, end, b);
+    while (p0 < end) {
         put_new<DPL>(b, p0, pos, k_new, v_new);
         attend_batch<DPL>(b, p0, end, q, scale, m, l, acc);
+        if ((p0 += step) < end) load_cached<DPL>(a, g, pos, p0, end, b);
     }
 }
 
-/* The last block of KV head g merges the n active splits: warp h, head h. */
+/* Folds the (m, l, acc) of warps 1..W-1 of each head into warp 0's, through
+ * shared memory: (W - 1) * G slots of hd floats (16-byte aligned), then
+ * their (m, l). Warp 0 of a head always has positions, so its m is finite
+ * and an idle warp's (m = -inf) weighs exp(-inf) = 0. */
 template <int DPL>
-__device__ __forceinline__ void merge_splits(const attn_args &a, int g, int h, int n) {
+__device__ __forceinline__ void fold_warps(float *slots, int W, int G, int h, int w, int hd, float &m, float &l,
+                                           float *acc) {
+    const int lane = threadIdx.x & 31, d0 = lane * DPL;
+    const bool mine = d0 < hd;
+    float2 *ml = (float2 *)(slots + (W - 1) * G * hd);
+    if (w > 0) {
+        const int slot = (w - 1) * G + h;
+        store_dims<DPL>(slots + slot * hd + d0, acc, mine);
+        if (lane == 0) ml[slot] = make_float2(m, l);
+    }
+    __syncthreads();
+    if (w > 0) return;
+#pragma unroll 1
+    for (int j = 1; j < W; j++) {
+        const int slot = (j - 1) * G + h;
+        float o[DPL];
+        load_dims<DPL>(slots + slot * hd + d0, o, mine);
+        const float2 other = ml[slot];
+        const float M = fmaxf(m, other.x), r = expf(m - M), r_other = expf(other.x - M);
+        l = l * r + other.y * r_other;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] = acc[i] * r + o[i] * r_other;
+        m = M;
+    }
+}
+
+/* The last block of KV head g merges its n active splits (n <= 32): warp
+ * (h, w) takes head h's splits w, w + W, ..., MB a round, every lane holding
+ * the m and l of split `lane`; the W sums meet in shared memory and warp 0
+ * of the head writes the output. */
+template <int DPL>
+__device__ __forceinline__ void merge_splits(const attn_args &a, float *slots, int W, int g, int h, int w, int n) {
     const int G = a.n_heads / a.n_kv, hd = a.hd, lane = threadIdx.x & 31, d0 = lane * DPL;
     const bool mine = d0 < hd;
-    const float *part = a.part + ((size_t)g * a.n_splits * G + h) * (hd + 2);
-    const size_t stride = (size_t)G * (hd + 2); /* between splits */
-    /* Partial outputs of MB splits a round, the first round's loaded with
-     * the m and l: at 513 positions (33 splits) three round trips, not six. */
-    constexpr int MB = 48 / DPL < 16 ? 48 / DPL : 16;
-    float o[MB][DPL];
-    auto load_round = [&](int s0) {
-#pragma unroll
-        for (int j = 0; j < MB; j++)
-#pragma unroll
-            for (int i = 0; i < DPL; i++) o[j][i] = mine && s0 + j < n ? __ldcg(part + (s0 + j) * stride + 2 + d0 + i) : 0.0f;
-    };
-    load_round(0);
-    constexpr int J = ATTN_MAX_SPLITS / 32;
-    float ms[J], ls[J]; /* splits lane, lane + 32, ... */
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        const int s = lane + 32 * j;
-        ms[j] = s < n ? __ldcg(part + s * stride) : -INFINITY;
-        ls[j] = s < n ? __ldcg(part + s * stride + 1) : 0.0f;
-    }
-    float m_max = ms[0];
-#pragma unroll
-    for (int j = 1; j < J; j++) m_max = fmaxf(m_max, ms[j]);
-    const float M = warp_max(m_max);
-    float f[J], l_sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        f[j] = lane + 32 * j < n ? expf(ms[j] - M) : 0.0f;
-        l_sum += ls[j] * f[j];
-    }
-    const float L = warp_sum(l_sum);
+    const int first = g * a.n_splits * G + h, stride = G * hd; /* (g, split 0, h); floats between splits */
+    constexpr int MB = 48 / DPL < 12 ? 48 / DPL : 12; /* 16 spills at DPL 4 */
+    const float *part = a.part_out + (size_t)first * hd + d0 + w * stride;
+    const float2 ml = lane < n ? __ldcg((const float2 *)a.part_ml + first + lane * G) : make_float2(-INFINITY, 0.0f);
     float out[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) out[i] = 0.0f;
+    float f = 0.0f, inv_l = 0.0f;
 #pragma unroll 1
-    for (int s0 = 0; s0 < n; s0 += MB) {
-        if (s0) load_round(s0);
+    for (int s0 = w; s0 < n; s0 += W * MB, part += W * MB * stride) {
+        float o[MB][DPL];
+#pragma unroll
+        for (int j = 0; j < MB; j++) load_dims<DPL, true>(part + j * W * stride, o[j], mine && s0 + j * W < n);
+        if (s0 == w) { /* the softmax's total over the splits, while the first round's loads are in flight */
+            const float M = warp_max(ml.x);
+            f = lane < n ? expf(ml.x - M) : 0.0f;
+            inv_l = 1.0f / warp_sum(ml.y * f);
+        }
 #pragma unroll
         for (int j = 0; j < MB; j++) {
-            const int s = s0 + j; /* uniform over the warp */
-            const float w = s < n ? __shfl_sync(FULL_MASK, f[s >> 5], s & 31) / L : 0.0f;
+            const int s = s0 + j * W; /* uniform over the warp */
+            const float wt = s < n ? __shfl_sync(FULL_MASK, f, s & 31) * inv_l : 0.0f;
 #pragma unroll
-            for (int i = 0; i < DPL; i++) out[i] += w * o[j][i];
+            for (int i = 0; i < DPL; i++) out[i] += wt * o[j][i];
+        }
+    }
+    if (W > 1) { /* warps 1..W-1 hand their sums to warp 0 */
+        if (w > 0) store_dims<DPL>(slots + ((w - 1) * G + h) * hd + d0, out, mine);
+        __syncthreads();
+        if (w > 0) return;
+#pragma unroll 1
+        for (int j = 1; j < W; j++) {
+            float o[DPL];
+            load_dims<DPL>(slots + ((j - 1) * G + h) * hd + d0, o, mine);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) out[i] += o[i];
         }
     }
     store_dims<DPL>(a.out + (g * G + h) * hd + d0, out, mine);
 }
 
 template <int DPL>
-__global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_args a) {
+__global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args a) {
+    DYN_SMEM(float, slots);
     __shared__ int flag;
     constexpr int B = attn_shape<DPL>::BATCH;
-    const int G = a.n_heads / a.n_kv, hd = a.hd, g = blockIdx.x, split = blockIdx.y, S = a.n_splits;
-    const int h = threadIdx.x >> 5, lane = threadIdx.x & 31, d0 = lane * DPL, kv_dim = a.n_kv * hd;
+    const int G = a.n_heads / a.n_kv, W = attn_warps_per_head(G), hd = a.hd, g = blockIdx.x, split = blockIdx.y;
+    const int warp = threadIdx.x >> 5, h = warp % G, w = warp / G, lane = threadIdx.x & 31, d0 = lane * DPL;
+    const int kv_dim = a.n_kv * hd, step = W * B;
     const bool mine = d0 < hd;
     trace_mark(a.trace, TRACE_ENTRY);
     /* The position and the cached keys and values were written by earlier
      * steps, complete before the launch before this one passed its own
      * wait: the range's rows are pulled into L2 while that launch runs. */
     const int pos = __ldcg(a.step + 1), n_pos = pos + 1;
-    /* A block walks chunk / B batches, the merge about n_active / 8 rounds
-     * of loads: a chunk near sqrt(n_pos / 2), in whole batches, balances
-     * the two (at 513 positions 65 one-batch splits took 19.3 us, 33
-     * two-batch ones 15.4, 22 three-batch ones 15.6). */
-    const int balanced = max(B, (int)sqrtf(0.5f * (float)n_pos) / B * B);
-    const int chunk = max(balanced, (n_pos + S - 1) / S), n_active = (n_pos + chunk - 1) / chunk;
+    /* Every split in use, each a whole number of block batches (W warps a
+     * head, B positions a warp): the merge reads at most 32 splits in one
+     * round, so the fewest batches a warp is the best cut. */
+    const int chunk = ((n_pos + a.n_splits - 1) / a.n_splits + step - 1) / step * step;
+    const int n_active = (n_pos + chunk - 1) / chunk;
     const int start = split * chunk, end = min(start + chunk, n_pos);
-    /* The first batch in registers, the rest of the range into L2. */
+    /* Each warp's first batch in registers, the rest of the range into L2. */
     constexpr bool preload = attn_shape<DPL>::PRELOAD;
     kv_batch<DPL> first;
-    if constexpr (preload) load_cached<DPL>(a, g, pos, start, end, first);
-    const int lines = (hd * (int)sizeof(float) + 127) / 128, from = preload ? start + B : start;
+    if constexpr (preload) load_cached<DPL>(a, g, pos, start + w * B, end, first);
+    const int lines = (hd * (int)sizeof(float) + 127) / 128, from = preload ? start + step : start;
     for (int t = threadIdx.x; t < 2 * (end - from) * lines; t += blockDim.x) {
         const int p = from + t / (2 * lines), c = t % (2 * lines);
         const float *cache = c < lines ? a.k_cache : a.v_cache;
@@ -347,28 +391,31 @@ __global__ void __launch_bounds__(32 * ATTN_MAX_G) attention_kernel(const attn_a
     float q[DPL], k[DPL], v[DPL];
     prepare<DPL>(a, g, h, pos, q, k, v);
     trace_mark(a.trace, TRACE_STAGED);
-    if constexpr (!preload) load_cached<DPL>(a, g, pos, start, end, first);
-    if (h == 0 && pos >= start && pos < end) {
+    if constexpr (!preload) load_cached<DPL>(a, g, pos, start + w * B, end, first);
+    if (warp == 0 && pos >= start && pos < end) {
         store_dims<DPL>(a.k_cache + (int64_t)pos * kv_dim + g * hd + d0, k, mine);
         store_dims<DPL>(a.v_cache + (int64_t)pos * kv_dim + g * hd + d0, v, mine);
     }
     float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
-    attend<DPL>(a, g, pos, start, end, q, k, v, first, m, l, acc);
+    attend<DPL>(a, g, pos, start + w * B, end, step, q, k, v, first, m, l, acc);
+    if (W > 1) fold_warps<DPL>(slots, W, G, h, w, hd, m, l, acc);
     trace_mark(a.trace, TRACE_WORKED);
 
-    if (n_active == 1) { /* the whole range was this block's */
+    if (w == 0) {
+        if (n_active == 1) { /* the whole range was this block's */
 #pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] /= l;
-        store_dims<DPL>(a.out + (g * G + h) * hd + d0, acc, mine);
-        return;
+            for (int i = 0; i < DPL; i++) acc[i] /= l;
+            store_dims<DPL>(a.out + (g * G + h) * hd + d0, acc, mine);
+        } else {
+            const int slot = (g * a.n_splits + split) * G + h;
+            store_dims<DPL>(a.part_out + (size_t)slot * hd + d0, acc, mine);
+            if (lane == 0) ((float2 *)a.part_ml)[slot] = make_float2(m, l);
+        }
     }
-    float *part = a.part + ((size_t)(g * S + split) * G + h) * (hd + 2);
-    store_dims<DPL>(part + 2 + d0, acc, mine);
-    if (lane == 0) part[0] = m, part[1] = l;
-    if (!last_block(a.counters + g, n_active, &flag)) return;
-    merge_splits<DPL>(a, g, h, n_active);
+    if (n_active == 1 || !last_block(a.counters + g, n_active, &flag)) return;
+    merge_splits<DPL>(a, slots, W, g, h, w, n_active);
     trace_mark(a.trace, TRACE_EXIT);
 }
 
@@ -388,23 +435,27 @@ static attention_fn attention_kernel_for(int hd) {
                                                                                       : attention_kernel<8>;
 }
 
+/* The threads and the shared memory (fold_warps' slots) of a block. */
+static int attn_threads(int G) { return 32 * G * attn_warps_per_head(G); }
+static size_t attn_smem(int G, int hd) { return (size_t)(attn_warps_per_head(G) - 1) * G * (hd + 2) * sizeof(float); }
+
 /* Blocks per KV head: as many as fit on the GPU at once (a long context
- * is then read by every multiprocessor, several blocks each, so more of
- * its loads are in flight), at most the merge's ATTN_MAX_SPLITS. Two
- * blocks a multiprocessor instead of one (Qwen3-30B-A3B: 66 splits of
- * each of 4 KV heads) took decode at depth 4096 from 256 to 299 tok/s,
- * tg128 unchanged (bench/results/2026-12-01-s5). */
+ * is then read by every multiprocessor, so more of its loads are in
+ * flight), at most the merge's ATTN_MAX_SPLITS. */
 int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
+    const int G = n_heads / n_kv;
     int per_sm = 1;
-    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(hd), 32 * (n_heads / n_kv), 0);
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(hd), attn_threads(G),
+                                                                  attn_smem(G, hd));
     if (e != cudaSuccess || per_sm < 1) per_sm = 1;
     int splits = per_sm * n_sm / n_kv;
     return splits < 1 ? 1 : splits > ATTN_MAX_SPLITS ? ATTN_MAX_SPLITS : splits;
 }
 
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl) {
-    const size_t smem = 0; /* registers and L1 only */
-    LAUNCH_PDL(pdl, attention_kernel_for(a->hd), dim3(a->n_kv, a->n_splits), 32 * (a->n_heads / a->n_kv), smem, st, *a);
+    const int G = a->n_heads / a->n_kv;
+    LAUNCH_PDL(pdl, attention_kernel_for(a->hd), dim3(a->n_kv, a->n_splits), attn_threads(G), attn_smem(G, a->hd), st,
+               *a);
 }
 
 /* cos | sin of every position's RoPE angles, as cpu_rope computes them. */

@@ -219,6 +219,12 @@ typedef struct cuda_test_attention {
 moe_status cuda_test_prefill_attention(const cuda_test_attention *a, float *k_cache, float *v_cache, float *out,
                                        moe_error *err);
 
+/* The decode step's attention (attention.cu) for the one token at pos
+ * (n_tokens 1, no biases), its cache split over n_splits blocks per KV head;
+ * k_cache, v_cache and out as above. */
+moe_status cuda_test_decode_attention(const cuda_test_attention *a, int n_splits, float *k_cache, float *v_cache,
+                                      float *out, moe_error *err);
+
 /* ---- the kernel lab (moe lab; lab.cu): the decode kernels on device
  * copies of weights given in GGUF layout, each beside a pure read of the
  * same bytes walked the same way; medians of `reps` timed batches. */

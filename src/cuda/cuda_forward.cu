@@ -174,7 +174,8 @@ static void attention_block(cuda_state *s, int l) {
     a.v_cache = s->v_cache + (size_t)l * s->n_ctx * s->kv_dim;
     a.step = s->step;
     a.out = s->att;
-    a.part = s->attn_part;
+    a.part_out = s->attn_part_out;
+    a.part_ml = s->attn_part_ml;
     a.counters = s->counters + 2;
     a.n_heads = c->n_heads;
     a.n_kv = c->n_kv_heads;
@@ -662,7 +663,9 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->shgate = (float *)carve(base, used, sizeof(float));
     s->h = (float *)carve(base, used, (size_t)s->h_len * sizeof(float));
     s->logits = (float *)carve(base, used, (size_t)c->n_vocab * sizeof(float));
-    s->attn_part = (float *)carve(base, used, (size_t)c->n_kv_heads * s->attn_splits * G * (c->head_dim + 2) * sizeof(float));
+    const size_t n_parts = (size_t)c->n_kv_heads * s->attn_splits * G;
+    s->attn_part_out = (float *)carve(base, used, n_parts * c->head_dim * sizeof(float));
+    s->attn_part_ml = (float *)carve(base, used, n_parts * 2 * sizeof(float));
     s->part_val = (float *)carve(base, used, (size_t)s->max_grid * sizeof(float));
     s->part_idx = (int *)carve(base, used, (size_t)s->max_grid * sizeof(int));
     s->step = (int *)carve(base, used, 2 * sizeof(int));

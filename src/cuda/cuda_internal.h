@@ -124,7 +124,8 @@ struct attn_args {
     float *k_cache, *v_cache;      /* this layer: (n_ctx, n_kv*hd) */
     const int *step;
     float *out;                    /* (n_heads*hd) */
-    float *part;                   /* (n_kv, n_splits, G, hd + 2) */
+    float *part_out;               /* (n_kv, n_splits, G, hd) */
+    float *part_ml;                /* (n_kv, n_splits, G, 2): m, l */
     unsigned *counters;            /* (n_kv) */
     int n_heads, n_kv, hd, n_splits;
     uint64_t *trace;
@@ -272,7 +273,8 @@ struct cuda_state {
     float *shgate;            /* (1) */
     float *h;                 /* (k n_ff_expert + n_ff_shared) or (n_ff) */
     float *logits;            /* (n_vocab) */
-    float *attn_part;         /* (n_kv, splits, G, hd + 2) */
+    float *attn_part_out;     /* (n_kv, splits, G, hd) */
+    float *attn_part_ml;      /* (n_kv, splits, G, 2) */
     float *part_val;          /* (max grid) argmax partials */
     int *part_idx;
     int *step;                /* [0] token, [1] position */

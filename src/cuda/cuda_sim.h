@@ -56,6 +56,7 @@ struct uint2 { unsigned x, y; };
 struct int2 { int x, y; };
 struct float2 { float x, y; };
 static inline int2 make_int2(int x, int y) { return int2{x, y}; }
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 /* ---------------------------------------------------------------- runtime API */
 

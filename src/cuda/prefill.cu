@@ -794,40 +794,71 @@ static cudaError_t upload_rope_table(test_allocs *t, const cuda_test_attention *
     return e;
 }
 
+/* What both attention tests put on the device: q|k|v, the q/k norms, the
+ * RoPE table, the cache (filled below pos, poisoned from pos on: written,
+ * or never read) and the poisoned output. */
+typedef struct attn_test_io {
+    const float *qkv, *q_norm, *k_norm, *rope;
+    float *k_cache, *v_cache, *out;
+} attn_test_io;
+
+static cudaError_t upload_attention_io(test_allocs *t, const cuda_test_attention *c, const float *k_cache,
+                                       const float *v_cache, attn_test_io *io) {
+    const int T = c->n_tokens, q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
+    const size_t cache_n = (size_t)c->n_ctx * kv_dim;
+    const size_t qn = c->qk_norm == QK_NORM_FULL ? q_dim : c->head_dim,
+                 kn = c->qk_norm == QK_NORM_FULL ? kv_dim : c->head_dim;
+    const size_t filled = (size_t)c->pos * kv_dim * sizeof(float), rest = cache_n * sizeof(float) - filled;
+    cudaError_t e = test_upload(t, c->qkv, (size_t)T * (q_dim + 2 * kv_dim), &io->qkv);
+    if (e == cudaSuccess) e = test_upload(t, c->q_norm, qn, &io->q_norm);
+    if (e == cudaSuccess) e = test_upload(t, c->k_norm, kn, &io->k_norm);
+    if (e == cudaSuccess) e = upload_rope_table(t, c, &io->rope);
+    if (e == cudaSuccess) e = test_alloc(t, (void **)&io->k_cache, cache_n * sizeof(float));
+    if (e == cudaSuccess) e = test_alloc(t, (void **)&io->v_cache, cache_n * sizeof(float));
+    if (e == cudaSuccess) e = test_alloc(t, (void **)&io->out, (size_t)T * q_dim * sizeof(float));
+    if (e == cudaSuccess) e = cudaMemset(io->out, 0xff, (size_t)T * q_dim * sizeof(float));
+    if (e == cudaSuccess) e = cudaMemcpy(io->k_cache, k_cache, filled, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(io->v_cache, v_cache, filled, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemset((uint8_t *)io->k_cache + filled, 0xff, rest);
+    if (e == cudaSuccess) e = cudaMemset((uint8_t *)io->v_cache + filled, 0xff, rest);
+    return e;
+}
+
+/* After the launch: the output and the whole cache back to the host. */
+static moe_status download_attention_io(cudaError_t e, const cuda_test_attention *c, const attn_test_io *io,
+                                        float *k_cache, float *v_cache, float *out, const char *what, moe_error *err) {
+    const size_t cache_n = (size_t)c->n_ctx * c->n_kv_heads * c->head_dim;
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess)
+        e = cudaMemcpy(out, io->out, (size_t)c->n_tokens * c->n_heads * c->head_dim * sizeof(float),
+                       cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(k_cache, io->k_cache, cache_n * sizeof(float), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cudaMemcpy(v_cache, io->v_cache, cache_n * sizeof(float), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) return MOE_OK;
+    (void)cudaGetLastError();
+    return moe_error_set(err, MOE_ERR_IO, "%s attention test: %s", what, cudaGetErrorName(e));
+}
+
 moe_status cuda_test_prefill_attention(const cuda_test_attention *c, float *k_cache, float *v_cache, float *out,
                                        moe_error *err) {
     const int T = c->n_tokens, q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
     if (c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > ATT_MAX_G || c->head_dim % 2 || c->head_dim > 256 ||
         c->n_rot > c->head_dim || c->pos + T > c->n_ctx)
         return moe_error_set(err, MOE_ERR_RANGE, "attention test: a shape the kernels do not take");
-    const size_t qkv_n = (size_t)T * (q_dim + 2 * kv_dim), cache_n = (size_t)c->n_ctx * kv_dim;
-    const size_t qn = c->qk_norm == QK_NORM_FULL ? q_dim : c->head_dim,
-                 kn = c->qk_norm == QK_NORM_FULL ? kv_dim : c->head_dim;
     test_allocs t;
     memset(&t, 0, sizeof t);
+    attn_test_io io;
     prefill_attn a;
     memset(&a, 0, sizeof a);
-    const float *qkv_in = NULL;
-    cudaError_t e = test_upload(&t, c->qkv, qkv_n, &qkv_in);
+    cudaError_t e = upload_attention_io(&t, c, k_cache, v_cache, &io);
     if (e == cudaSuccess) e = test_upload(&t, c->bq, q_dim, &a.bq);
     if (e == cudaSuccess) e = test_upload(&t, c->bk, kv_dim, &a.bk);
     if (e == cudaSuccess) e = test_upload(&t, c->bv, kv_dim, &a.bv);
-    if (e == cudaSuccess) e = test_upload(&t, c->q_norm, qn, &a.q_norm);
-    if (e == cudaSuccess) e = test_upload(&t, c->k_norm, kn, &a.k_norm);
-    if (e == cudaSuccess) e = upload_rope_table(&t, c, &a.rope);
-    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.k_cache, cache_n * sizeof(float));
-    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.v_cache, cache_n * sizeof(float));
-    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.out, (size_t)T * q_dim * sizeof(float));
-    /* poison: the output, and the cache from pos on (written, or never read) */
-    const size_t filled = (size_t)c->pos * kv_dim * sizeof(float), rest = cache_n * sizeof(float) - filled;
-    if (e == cudaSuccess) e = cudaMemset(a.out, 0xff, (size_t)T * q_dim * sizeof(float));
-    if (e == cudaSuccess) e = cudaMemcpy(a.k_cache, k_cache, filled, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = cudaMemcpy(a.v_cache, v_cache, filled, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = cudaMemset((uint8_t *)a.k_cache + filled, 0xff, rest);
-    if (e == cudaSuccess) e = cudaMemset((uint8_t *)a.v_cache + filled, 0xff, rest);
     if (e == cudaSuccess) {
-        a.qkv = (float *)qkv_in; /* rotated in place: the test's own copy */
+        a.qkv = (float *)io.qkv; /* rotated in place: the test's own copy */
         a.qkv_stride = q_dim + 2 * kv_dim;
+        a.q_norm = io.q_norm, a.k_norm = io.k_norm, a.rope = io.rope;
+        a.k_cache = io.k_cache, a.v_cache = io.v_cache, a.out = io.out;
         a.qk_norm = c->qk_norm;
         a.eps = c->eps;
         a.n_rot = c->n_rot, a.neox = c->neox;
@@ -835,15 +866,42 @@ moe_status cuda_test_prefill_attention(const cuda_test_attention *c, float *k_ca
         launch_attention(&a, T, 0);
         e = cudaGetLastError();
     }
-    if (e == cudaSuccess) e = cudaDeviceSynchronize();
-    if (e == cudaSuccess) e = cudaMemcpy(out, a.out, (size_t)T * q_dim * sizeof(float), cudaMemcpyDeviceToHost);
-    if (e == cudaSuccess) e = cudaMemcpy(k_cache, a.k_cache, cache_n * sizeof(float), cudaMemcpyDeviceToHost);
-    if (e == cudaSuccess) e = cudaMemcpy(v_cache, a.v_cache, cache_n * sizeof(float), cudaMemcpyDeviceToHost);
-    moe_status st = MOE_OK;
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        st = moe_error_set(err, MOE_ERR_IO, "prefill attention test: %s", cudaGetErrorName(e));
+    moe_status st = download_attention_io(e, c, &io, k_cache, v_cache, out, "prefill", err);
+    test_free(&t);
+    return st;
+}
+
+moe_status cuda_test_decode_attention(const cuda_test_attention *c, int n_splits, float *k_cache, float *v_cache,
+                                      float *out, moe_error *err) {
+    const int G = c->n_kv_heads > 0 ? c->n_heads / c->n_kv_heads : 0;
+    if (c->n_tokens != 1 || c->n_heads % c->n_kv_heads || c->bq || c->bk || c->bv || c->pos >= c->n_ctx ||
+        !cuda_attention_supported(G, c->head_dim, c->n_rot, n_splits))
+        return moe_error_set(err, MOE_ERR_RANGE, "decode attention test: a shape the kernel does not take");
+    const size_t n_parts = (size_t)c->n_kv_heads * n_splits * G;
+    test_allocs t;
+    memset(&t, 0, sizeof t);
+    attn_test_io io;
+    attn_args a;
+    memset(&a, 0, sizeof a);
+    const int step[2] = {0, c->pos};
+    cudaError_t e = upload_attention_io(&t, c, k_cache, v_cache, &io);
+    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.part_out, n_parts * c->head_dim * sizeof(float));
+    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.part_ml, n_parts * 2 * sizeof(float));
+    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.counters, (size_t)c->n_kv_heads * sizeof(unsigned));
+    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.step, sizeof step);
+    if (e == cudaSuccess) e = cudaMemset(a.counters, 0, (size_t)c->n_kv_heads * sizeof(unsigned));
+    if (e == cudaSuccess) e = cudaMemcpy((void *)a.step, step, sizeof step, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) {
+        a.qkv = io.qkv, a.q_norm = io.q_norm, a.k_norm = io.k_norm, a.rope = io.rope;
+        a.k_cache = io.k_cache, a.v_cache = io.v_cache, a.out = io.out;
+        a.qk_norm = c->qk_norm;
+        a.eps = c->eps;
+        a.n_rot = c->n_rot, a.neox = c->neox;
+        a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.hd = c->head_dim, a.n_splits = n_splits;
+        cuda_attention(&a, 0, false);
+        e = cudaGetLastError();
     }
+    moe_status st = download_attention_io(e, c, &io, k_cache, v_cache, out, "decode", err);
     test_free(&t);
     return st;
 }
