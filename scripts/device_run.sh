@@ -29,7 +29,8 @@
 # Switches: MOE_QUICK=1 (decode bench only, no 30B test), MOE_LAB=0 (no lab),
 # MOE_TESTS=0 (no correctness tests: measurements only), MOE_NCU=1,
 # MOE_DEADLINE=S (end by S seconds, 525 by default), MOE_EXPERIMENT="cmds"
-# (run after the bench with $MOE and $MODEL set; experiment.log).
+# (run after the bench with $MOE and $MODEL set; experiment.log; an A/B
+# against other commits in the same run: scripts/device_ab.sh).
 set -u
 OUT=${OUT:-/tmp/moe-device-out}
 mkdir -p "$OUT"

@@ -582,13 +582,19 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         *seg = s;
         *r = row - (s ? a.seg_end[s - 1] : 0);
     };
-    unit_batch<F> first;
-    if (start + grp < total) {
+    /* row's batch into b, if the row exists */
+    auto load_row = [&](int row, unit_batch<F> &b) {
+        if (row >= total) return;
         int s, r;
-        locate(start + grp, &s, &r);
+        locate(row, &s, &r);
         const dmat &w = a.seg[s].w;
-        load_batch<F>(first, w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, w.units, sub, L);
-    }
+        load_batch<F>(b, w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, w.units, sub, L);
+    };
+    unit_batch<F> first, second;
+    load_row(start + grp, first);
+    /* ROWS_AHEAD: a warp's second row too (q|k|v: a fifth of the warps
+     * have one, and loaded after the wait it was the launch's tail) */
+    if constexpr (ROWS == ROWS_AHEAD) load_row(start + grp + stride, second);
     prefetch_floats(a.in.norm, a.in.n);
     pdl_wait();
     pdl_launch_dependents();
@@ -623,22 +629,17 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     const int U = a.seg[0].w.units; /* every segment multiplies the same input */
     if constexpr (ROWS == ROWS_AHEAD) {
         /* One batch a row, a few rows a warp (the layers' projections):
-         * each row's batch is loaded before the row before is multiplied,
-         * so that one is always in flight. The activation is read from
-         * shared memory: two batches leave no registers for it, and for
-         * a row or two loading it into registers does not pay. */
-        unit_batch<F> b = first;
+         * the first two rows were loaded before the wait, and each later
+         * row is loaded as the row two before it is done, so that one is
+         * always in flight. The activation is read from shared memory:
+         * two batches leave no registers for it, and for a row or two
+         * loading it into registers does not pay. */
+        unit_batch<F> b = first, next = second;
         for (int base = start; base < total; base += stride) {
-            const int row = base + grp, ahead = row + stride;
-            unit_batch<F> next;
-            if (ahead < total) {
-                int s, r;
-                locate(ahead, &s, &r);
-                const dmat &w = a.seg[s].w;
-                load_batch<F>(next, w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, U, sub, L);
-            }
+            const int row = base + grp;
             finish_row(row, row < total ? dot_batch<F>(b, U, sub, L, av, 0) : 0.0f);
             b = next;
+            load_row(row + 2 * stride, next);
         }
     } else if constexpr (ROWS == ROWS_ACT) {
         act_batch<F> x;

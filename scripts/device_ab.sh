@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# scripts/device_ab.sh — an A/B of decode speed inside one device run: the
+# working tree's moe against other commits built beside it, benches taken
+# in turn so that every variant runs on the same card (H200s differ by up
+# to 5% in read bandwidth, more than most changes are worth).
+#
+# Here, before the device call:
+#   bash scripts/device_ab.sh pack NAME=COMMIT ...
+# writes .carry/NAME.tar (the commit's source, git-ignored). Then on the
+# device, with the tarballs carried (carry [".debs", ".carry"]):
+#   MOE_EXPERIMENT='bash scripts/device_ab.sh run' bash scripts/device_run.sh
+# builds each .carry/*.tar beside the run's own build ($MOE) and prints, to
+# experiment.log: tg128 twice per variant, tg32 at depth 4096, and the
+# layer timeline at positions 64 and 512 (MOE_AB_TIMELINE=0 leaves those out).
+set -u
+shopt -s nullglob
+cd "$(dirname "$0")/.." || exit 1
+
+pack() {
+    mkdir -p .carry
+    rm -f .carry/*.tar # only the variants named now are built on the device
+    for spec in "$@"; do
+        local name=${spec%%=*} commit=${spec#*=}
+        git archive "$commit" -- . ':!models' ':!data' ':!tests/fixtures' >".carry/$name.tar" || exit 1
+        echo ".carry/$name.tar: $(git log --oneline -1 "$commit")"
+    done
+}
+
+build_variants() {
+    local prefix=/tmp/moe-prefix/usr
+    for tarball in .carry/*.tar; do
+        local name
+        name=$(basename "$tarball" .tar)
+        mkdir -p "/tmp/ab-$name" && tar -xf "$tarball" -C "/tmp/ab-$name" &&
+            cmake -S "/tmp/ab-$name" -B "/tmp/ab-$name-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=ON \
+                -DMOE_BENCH=OFF -DCMAKE_PREFIX_PATH=$prefix -DCMAKE_LIBRARY_PATH=$prefix/lib/x86_64-linux-gnu \
+                >"/tmp/ab-$name.log" 2>&1 &&
+            cmake --build "/tmp/ab-$name-build" -j"$(nproc)" --target moe >>"/tmp/ab-$name.log" 2>&1
+        echo "$name: $(tail -1 "/tmp/ab-$name.log")"
+    done
+}
+
+# bench LABEL ARGS...: one line per variant, the run's own build first
+bench() {
+    local label=$1
+    shift
+    for moe in "$MOE" /tmp/ab-*-build/moe; do
+        [ -x "$moe" ] || continue
+        echo "== $label $moe"
+        "$moe" bench -m "$MODEL" --device cuda "$@" 2>&1 | grep "graph+PDL"
+    done
+}
+
+timeline() {
+    for moe in "$MOE" /tmp/ab-*-build/moe; do
+        [ -x "$moe" ] || continue
+        echo "== timeline at $1 $moe"
+        "$moe" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda --profile="$1" 2>&1 | grep -A9 "inside the graph" |
+            grep "^| [a-z]"
+    done
+}
+
+run() {
+    : "${MOE:?set by device_run.sh}" "${MODEL:?set by device_run.sh}"
+    build_variants
+    bench tg128 -p 0 -n 128 -r 5
+    bench tg128 -p 0 -n 128 -r 5
+    bench d4096 -p 0 -n 32 -r 2 -d 4096
+    if [ "${MOE_AB_TIMELINE:-1}" = 1 ]; then
+        timeline 64
+        timeline 512
+    fi
+}
+
+case "${1:-}" in
+pack) shift && pack "$@" ;;
+run) run ;;
+-h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' ;;
+*)
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac
