@@ -3,7 +3,8 @@
  * on the GPU at Qwen3-30B-A3B's shapes, each first checked against the CPU
  * and then timed beside a pure read of the same bytes (src/cuda/lab.cu
  * says how), and the cost of a chain of dependent launches plain, in a
- * graph, and in a graph with programmatic dependent launch. It answers
+ * graph, and in a graph with programmatic dependent launch, and what a
+ * kernel's code costs to fetch when the caches are cold. It answers
  * "how far from the memory system is each kernel, and why" with one
  * command; it needs a CUDA GPU.
  *
@@ -285,7 +286,7 @@ typedef struct lab_row {
     cuda_lab_timing t;
 } lab_row;
 
-enum { N_CHAINS = 3, N_TOPS = 5, TOP_VOCAB = 151936 };
+enum { N_CHAINS = 3, N_TOPS = 5, TOP_VOCAB = 151936, N_CODES = 3 };
 
 /* The sampling rows: the top n logits (and n_extra penalised) to the host,
  * n = 0: all of them. */
@@ -309,6 +310,7 @@ typedef struct lab_report {
     int n_gemv, n_experts;
     chain_row chains[N_CHAINS];
     top_row tops[N_TOPS];
+    cuda_lab_code codes[N_CODES];
     int failures;
 } lab_report;
 
@@ -360,6 +362,16 @@ static void print_markdown(const lab_report *r) {
         printf("| %s | %d x %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", c->what, c->blocks, c->threads, c->c.plain_us,
                c->c.graph_us, c->c.pdl_us, c->c.barrier_us, c->c.acq_rel_barrier_us);
     }
+    printf("\n### Code fetch: one warp through straight-line code, its caches cold and hot\n\n");
+    printf("| code KB | cold us | hot us | cold - hot, ns per KB |\n| ---: | ---: | ---: | ---: |\n");
+    for (int i = 0; i < N_CODES; i++) {
+        const cuda_lab_code *c = &r->codes[i];
+        printf("| %d | %.2f | %.2f | %.0f |\n", c->kb, c->cold_us, c->hot_us, 1e3 * (c->cold_us - c->hot_us) / c->kb);
+    }
+    printf("\nCode rows: 16-byte FFMAs in eight independent chains, timed on the GPU's clock from the first to the "
+           "last; cold: after a %d MB read through L2 and %d KB of other code on every multiprocessor (what a layer "
+           "of the decode step puts between two runs of a kernel), hot: the same launch again. Medians of %d.\n",
+           r->codes[0].sweep_mb, r->codes[0].flush_kb, r->reps);
     printf("\n### Sampling: what a token pays to bring logits to the host (%d logits)\n\n", TOP_VOCAB);
     printf("| what | top n | penalised | us per token |\n| --- | ---: | ---: | ---: |\n");
     for (int i = 0; i < N_TOPS; i++)
@@ -418,12 +430,16 @@ static void print_json(const lab_report *r) {
         json_array_append_new(tops, json_pack("{s:s, s:i, s:i, s:i, s:f}", "what", r->tops[i].what, "vocab", TOP_VOCAB,
                                               "top", r->tops[i].n, "penalised", r->tops[i].n_extra, "us",
                                               r->tops[i].us));
-    json_t *root = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:o, s:o, s:o}", "device", r->device, "sms",
+    json_t *codes = json_array();
+    for (int i = 0; i < N_CODES; i++)
+        json_array_append_new(codes, json_pack("{s:i, s:f, s:f}", "kb", r->codes[i].kb, "cold_us", r->codes[i].cold_us,
+                                               "hot_us", r->codes[i].hot_us));
+    json_t *root = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:o, s:o, s:o, s:o}", "device", r->device, "sms",
                              r->n_sm, "repetitions", r->reps, "read_bandwidth_gbps", r->bw_median,
                              "read_bandwidth_min", r->bw_min, "read_bandwidth_max", r->bw_max, "bandwidth_buffer_gib",
                              LAB_BW_GIB, "tolerance", LAB_TOLERANCE, "gemv", json_of_rows(r, r->gemv, r->n_gemv),
                              "experts", json_of_rows(r, r->experts, r->n_experts), "launch_chain", chains,
-                             "sampling", tops);
+                             "sampling", tops, "code_fetch", codes);
     json_dumpf(root, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
     printf("\n");
     json_decref(root);
@@ -510,6 +526,15 @@ static moe_status measure_chains(lab_report *r, moe_error *err) {
     return MOE_OK;
 }
 
+static moe_status measure_codes(lab_report *r, moe_error *err) {
+    const int kbs[N_CODES] = {4, 16, 64};
+    for (int i = 0; i < N_CODES; i++) {
+        moe_status st = cuda_lab_code_fetch(kbs[i], r->reps, &r->codes[i], err);
+        if (st != MOE_OK) return st;
+    }
+    return MOE_OK;
+}
+
 static moe_status measure_tops(lab_report *r, moe_error *err) {
     const top_row rows[N_TOPS] = {{"greedy", 1, 0, 0},
                                   {"top-k 40", 40, 0, 0},
@@ -556,6 +581,7 @@ static int run_lab(const lab_args *a) {
     for (int t = 0; t < a->n_types && st == MOE_OK; t++) st = measure_type(r, a->types[t], threads, bar, &rng, &err);
     if (st == MOE_OK) st = measure_chains(r, &err);
     if (st == MOE_OK) st = measure_tops(r, &err);
+    if (st == MOE_OK) st = measure_codes(r, &err);
     progress_add(bar, 2);
     progress_finish(bar);
     int status = st == MOE_OK ? 0 : cli_fail("lab", &err);
@@ -591,7 +617,10 @@ static void print_help(void) {
            "    1 per SM x 512 threads): plain on a stream, as one graph, as a graph with\n"
            "    PDL, and as one resident kernel whose links are parted by grid barriers;\n"
            "  - sampling: the top 1, 40, 104 (64 penalised) and 512 of 151936 logits\n"
-           "    brought to the host (cuda_top_logits), beside copying all of them.\n"
+           "    brought to the host (cuda_top_logits), beside copying all of them;\n"
+           "  - code fetch: one warp through 4, 16 and 64 KB of straight-line code with\n"
+           "    L2 and the instruction caches cold (as each layer of the decode step\n"
+           "    leaves them for the next) and hot.\n"
            "Weights are copied on the GPU until the copies exceed four times its L2 and\n"
            "every launch reads the next copy, so the figures are DRAM's. A variant whose\n"
            "worst |gpu - cpu| / sum |w x| is over 1e-5 is marked FAIL, is not timed, and\n"

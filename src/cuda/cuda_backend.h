@@ -246,6 +246,15 @@ typedef struct cuda_lab_chain {
     double acq_rel_barrier_us;         /* the same with a release/acquire barrier (no fences) */
 } cuda_lab_chain;
 
+/* One warp running kb KB of straight-line code once: with L2 and the
+ * multiprocessors' instruction caches swept just before (cold), and again
+ * right after (hot). */
+typedef struct cuda_lab_code {
+    int kb;
+    double cold_us, hot_us; /* medians, from the code's first instruction to its last */
+    int sweep_mb, flush_kb; /* what ran before the cold run: an L2 sweep, other code on every SM */
+} cuda_lab_code;
+
 /* The GPU's name and number of SMs. */
 moe_status cuda_lab_device(char *name, size_t len, int *n_sm, moe_error *err);
 /* gemv_kernel on rows x cols of `type` (GGUF rows at w). */
@@ -264,6 +273,8 @@ moe_status cuda_lab_experts(moe_type type, int n_experts, int k, bool neighbours
 moe_status cuda_lab_top_logits(int n_vocab, int n, int n_extra, int reps, double *us, moe_error *err);
 /* A chain of `launches` dependent kernels of blocks x threads. */
 moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps, cuda_lab_chain *out, moe_error *err);
+/* cuda_lab_code of kb = 4, 16 or 64, reps times after a warm-up. */
+moe_status cuda_lab_code_fetch(int kb, int reps, cuda_lab_code *out, moe_error *err);
 
 #else /* no CUDA in this build */
 

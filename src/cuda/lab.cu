@@ -796,6 +796,93 @@ moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps
     return st;
 }
 
+/* ---------------------------------------------------------------- code fetch */
+
+/* KB kilobytes of straight-line code, one 16-byte FFMA an instruction in
+ * eight independent chains (issue, not latency, paces them), run by one
+ * warp: ns[0] gets the time from its first instruction to its last. In
+ * the decode step each layer's weights stream through L2 and evict the
+ * code of the layer before, and code run by one block (a last block's
+ * merge or routing) is fetched by that block alone. */
+template <int KB>
+__global__ void code_kernel(float *out, uint64_t *ns) {
+    const uint64_t t0 = global_ns();
+    float x[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) x[i] = out[i];
+#ifdef MOE_CUDA_SIM
+    for (int i = 0; i < KB * 64; i++) x[i & 7] = fmaf(x[i & 7], 1.0001f, 0.5f);
+#else
+#pragma unroll
+    for (int i = 0; i < KB * 64; i++) asm volatile("fma.rn.f32 %0, %0, 0f3F800347, 0f3F000000;" : "+f"(x[i & 7]));
+#endif
+    const uint64_t t1 = global_ns();
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) sum += x[i];
+    if (threadIdx.x == 0) out[8] = sum, ns[0] = t1 - t0;
+}
+
+/* What stands between two layers' uses of a kernel's code: a sweep of L2
+ * (every block reads its share of n 16-byte words) and other code through
+ * every multiprocessor's instruction caches (FLUSH_KB on each). */
+enum { FLUSH_KB = 128, SWEEP_BYTES = 256 << 20 };
+
+__global__ void sweep_kernel(const uint4 *p, size_t n, unsigned *sink) {
+    unsigned acc = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint4 v = ldg16(p + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == LAB_SENTINEL) *sink = acc;
+}
+
+template <int KB>
+static moe_status time_code(lab_ctx *c, int reps, const uint4 *sweep, float *x, uint64_t *ns, cuda_lab_code *out) {
+    moe_error *err = c->err;
+    double hot[CUDA_LAB_MAX_REPS], cold[CUDA_LAB_MAX_REPS];
+    for (int r = -1; r < reps; r++) { /* r = -1: loads the module's code once */
+        LAUNCH(sweep_kernel, 4 * c->n_sm, 512, 0, c->stream, sweep, (size_t)SWEEP_BYTES / 16, c->sink);
+        LAUNCH(code_kernel<FLUSH_KB>, 2 * c->n_sm, 32, 0, c->stream, x, ns + 2);
+        LAUNCH(code_kernel<KB>, 1, 32, 0, c->stream, x, ns);
+        LAUNCH(code_kernel<KB>, 1, 32, 0, c->stream, x, ns + 1);
+        CUDA_CHECK(cudaGetLastError());
+        uint64_t t[2];
+        CUDA_CHECK(cudaMemcpyAsync(t, ns, sizeof t, cudaMemcpyDeviceToHost, c->stream));
+        CUDA_CHECK(cudaStreamSynchronize(c->stream));
+        if (r >= 0) cold[r] = t[0] * 1e-3, hot[r] = t[1] * 1e-3;
+    }
+    out->kb = KB;
+    out->sweep_mb = SWEEP_BYTES >> 20;
+    out->flush_kb = FLUSH_KB;
+    out->cold_us = median_sort(cold, reps);
+    out->hot_us = median_sort(hot, reps);
+    return MOE_OK;
+}
+
+moe_status cuda_lab_code_fetch(int kb, int reps, cuda_lab_code *out, moe_error *err) {
+    memset(out, 0, sizeof *out);
+    if (check_reps(reps, err) != MOE_OK) return MOE_ERR_RANGE;
+    if (kb != 4 && kb != 16 && kb != 64)
+        return moe_error_set(err, MOE_ERR_RANGE, "lab: code of %d KB (4, 16 or 64)", kb);
+    lab_ctx c;
+    uint4 *sweep = NULL;
+    float *x = NULL;
+    uint64_t *ns = NULL;
+    moe_status st = lab_open(&c, err);
+    if (st == MOE_OK) st = lab_alloc(&c, (void **)&sweep, SWEEP_BYTES);
+    if (st == MOE_OK) st = lab_alloc(&c, (void **)&x, 9 * sizeof(float));
+    if (st == MOE_OK) st = lab_alloc(&c, (void **)&ns, 3 * sizeof(uint64_t));
+    if (st == MOE_OK && (cudaMemset(sweep, 0, SWEEP_BYTES) != cudaSuccess || cudaMemset(x, 0, 9 * sizeof(float)) != cudaSuccess))
+        st = moe_error_set(err, MOE_ERR_IO, "lab: clearing the code-fetch buffers failed");
+    if (st == MOE_OK)
+        st = kb == 4 ? time_code<4>(&c, reps, sweep, x, ns, out)
+             : kb == 16 ? time_code<16>(&c, reps, sweep, x, ns, out)
+                        : time_code<64>(&c, reps, sweep, x, ns, out);
+    lab_close(&c);
+    return st;
+}
+
 /* ---------------------------------------------------------------- the device */
 
 moe_status cuda_lab_device(char *name, size_t len, int *n_sm, moe_error *err) {
