@@ -49,12 +49,15 @@ struct dim3 {
     unsigned x, y, z;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-struct uint4 { unsigned x, y, z, w; };
-struct int4 { int x, y, z, w; };
-struct float4 { float x, y, z, w; };
-struct uint2 { unsigned x, y; };
-struct int2 { int x, y; };
-struct float2 { float x, y; };
+/* CUDA's alignments: a 16-byte load from an address that is not a
+ * multiple of 16 faults on the GPU, and under -fsanitize=alignment (the
+ * CI's simulator build) it stops the simulator too. */
+struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(8) float2 { float x, y; };
 static inline int2 make_int2(int x, int y) { return int2{x, y}; }
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
