@@ -863,8 +863,8 @@ static moe_status time_code(lab_ctx *c, int reps, const uint4 *sweep, float *x, 
 moe_status cuda_lab_code_fetch(int kb, int reps, cuda_lab_code *out, moe_error *err) {
     memset(out, 0, sizeof *out);
     if (check_reps(reps, err) != MOE_OK) return MOE_ERR_RANGE;
-    if (kb != 4 && kb != 16 && kb != 64)
-        return moe_error_set(err, MOE_ERR_RANGE, "lab: code of %d KB (4, 16 or 64)", kb);
+    auto time = kb == 4 ? time_code<4> : kb == 16 ? time_code<16> : kb == 64 ? time_code<64> : nullptr;
+    if (!time) return moe_error_set(err, MOE_ERR_RANGE, "lab: code of %d KB (4, 16 or 64)", kb);
     lab_ctx c;
     uint4 *sweep = NULL;
     float *x = NULL;
@@ -875,10 +875,7 @@ moe_status cuda_lab_code_fetch(int kb, int reps, cuda_lab_code *out, moe_error *
     if (st == MOE_OK) st = lab_alloc(&c, (void **)&ns, 3 * sizeof(uint64_t));
     if (st == MOE_OK && (cudaMemset(sweep, 0, SWEEP_BYTES) != cudaSuccess || cudaMemset(x, 0, 9 * sizeof(float)) != cudaSuccess))
         st = moe_error_set(err, MOE_ERR_IO, "lab: clearing the code-fetch buffers failed");
-    if (st == MOE_OK)
-        st = kb == 4 ? time_code<4>(&c, reps, sweep, x, ns, out)
-             : kb == 16 ? time_code<16>(&c, reps, sweep, x, ns, out)
-                        : time_code<64>(&c, reps, sweep, x, ns, out);
+    if (st == MOE_OK) st = time(&c, reps, sweep, x, ns, out);
     lab_close(&c);
     return st;
 }

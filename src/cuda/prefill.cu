@@ -873,11 +873,10 @@ moe_status cuda_test_prefill_attention(const cuda_test_attention *c, float *k_ca
 
 moe_status cuda_test_decode_attention(const cuda_test_attention *c, int n_splits, float *k_cache, float *v_cache,
                                       float *out, moe_error *err) {
-    const int G = c->n_kv_heads > 0 ? c->n_heads / c->n_kv_heads : 0;
-    if (c->n_tokens != 1 || c->n_heads % c->n_kv_heads || c->bq || c->bk || c->bv || c->pos >= c->n_ctx ||
-        !cuda_attention_supported(G, c->head_dim, c->n_rot, n_splits))
+    if (c->n_tokens != 1 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads || c->bq || c->bk || c->bv ||
+        c->pos >= c->n_ctx || !cuda_attention_supported(c->n_heads / c->n_kv_heads, c->head_dim, c->n_rot, n_splits))
         return moe_error_set(err, MOE_ERR_RANGE, "decode attention test: a shape the kernel does not take");
-    const size_t n_parts = (size_t)c->n_kv_heads * n_splits * G;
+    const size_t n_parts = (size_t)n_splits * c->n_heads; /* (n_kv, n_splits, G) */
     test_allocs t;
     memset(&t, 0, sizeof t);
     attn_test_io io;
