@@ -21,7 +21,7 @@ pack() {
     rm -f .carry/*.tar # only the variants named now are built on the device
     for spec in "$@"; do
         local name=${spec%%=*} commit=${spec#*=}
-        git archive "$commit" -- . ':!models' ':!data' ':!tests/fixtures' >".carry/$name.tar" || exit 1
+        git archive "$commit" -- . ':!models' ':!data' ':!tests/fixtures' ':!tests/golden/fixtures' >".carry/$name.tar" || exit 1
         echo ".carry/$name.tar: $(git log --oneline -1 "$commit")"
     done
 }
