@@ -12,7 +12,9 @@
  *  - the routed experts by id (gate|up with SwiGLU, then down with the
  *    weighted combine into a residual), mixed types: h against the CPU
  *    (relative L2 1e-5), y - y0 against the CPU's down products of the
- *    GPU's own h (tolerance as above).
+ *    GPU's own h (tolerance as above); given the ids, or routing
+ *    themselves from router logits (softmax or sigmoid, up to 256
+ *    experts) against the CPU's top-k.
  *  - the prefill's dequantization to plain rows, every type, f32 and bf16,
  *    picked experts of a slab and rows of more than one 2048-element chunk:
  *    against the CPU's dequantize, within 1e-6 of the row's largest value
@@ -35,10 +37,12 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "test.h"
 
 #ifdef MOE_HAVE_CUDA
+#include "cpu/cpu_ops.h"
 #include "cuda/cuda_backend.h"
 #include "quant/quant.h"
 
@@ -151,7 +155,27 @@ static double rel_l2(const float *a, const float *b, size_t n) {
     return den > 0 ? sqrt(num / den) : sqrt(num);
 }
 
-static void check_experts(moe_type type, moe_type down_type, int n_experts, int k, int n_ff, int n_embd) {
+/* How check_experts gives the kernels their experts. */
+enum { GIVEN_IDS, ROUTE_SOFTMAX, ROUTE_SIGMOID };
+
+/* The CPU's routing (route_tokens in cpu_forward.c, renormalised): the k
+ * experts of the largest probabilities and their weights. */
+static void route_on_cpu(const float *logits, int n_experts, int k, bool sigmoid, int32_t *ids, float *weights) {
+    float *p = xmalloc(sizeof(float) * n_experts);
+    int picked[32];
+    memcpy(p, logits, sizeof(float) * n_experts);
+    if (sigmoid)
+        for (int e = 0; e < n_experts; e++) p[e] = 1.0f / (1.0f + expf(-p[e]));
+    else
+        cpu_softmax(p, n_experts);
+    cpu_top_k(p, n_experts, k, picked);
+    float sum = 0;
+    for (int j = 0; j < k; j++) sum += p[picked[j]];
+    for (int j = 0; j < k; j++) ids[j] = picked[j], weights[j] = p[picked[j]] / sum;
+    free(p);
+}
+
+static void check_experts(moe_type type, moe_type down_type, int n_experts, int k, int n_ff, int n_embd, int routing) {
     const char *tn = quant_format_of(type)->name, *dn = quant_format_of(down_type)->name;
     float *gd, *ud, *dd;
     size_t gate_bytes = quant_row_bytes(type, n_embd) * n_ff, down_bytes = quant_row_bytes(down_type, n_ff) * n_embd;
@@ -162,14 +186,21 @@ static void check_experts(moe_type type, moe_type down_type, int n_experts, int 
     float weights[32], *x = xmalloc(sizeof(float) * n_embd), *y0 = xmalloc(sizeof(float) * n_embd);
     float *y = xmalloc(sizeof(float) * n_embd), *h = xmalloc(sizeof(float) * k * n_ff);
     float *href = xmalloc(sizeof(float) * k * n_ff), *g = xmalloc(sizeof(float) * n_ff), *u = xmalloc(sizeof(float) * n_ff);
-    float *part = xmalloc(sizeof(float) * n_embd);
-    for (int j = 0; j < k; j++) {
-        ids[j] = (int32_t)((j * 7 + 3) % n_experts); /* distinct, not in order */
-        weights[j] = 0.1f + (float)uniform();
+    float *part = xmalloc(sizeof(float) * n_embd), *logits = NULL;
+    if (routing == GIVEN_IDS) {
+        for (int j = 0; j < k; j++) {
+            ids[j] = (int32_t)((j * 7 + 3) % n_experts); /* distinct, not in order */
+            weights[j] = 0.1f + (float)uniform();
+        }
+    } else {
+        logits = xmalloc(sizeof(float) * n_experts);
+        for (int e = 0; e < n_experts; e++) logits[e] = 2.0f * gauss();
+        route_on_cpu(logits, n_experts, k, routing == ROUTE_SIGMOID, ids, weights);
     }
     for (int i = 0; i < n_embd; i++) x[i] = gauss(), y0[i] = gauss();
     moe_error err = {0};
-    moe_status st = cuda_test_experts(type, down_type, n_experts, k, n_ff, n_embd, gate, up, down, ids, weights, x, y0, h, y, &err);
+    moe_status st = cuda_test_experts(type, down_type, n_experts, k, n_ff, n_embd, gate, up, down, ids, weights, logits,
+                                      routing == ROUTE_SIGMOID, x, y0, h, y, &err);
     CHECKF(st == MOE_OK, "%s", err.message);
     if (st == MOE_OK) {
         for (int j = 0; j < k; j++) {
@@ -197,19 +228,25 @@ static void check_experts(moe_type type, moe_type down_type, int n_experts, int 
             if (ratio > worst_ratio) worst_ratio = ratio;
         }
         CHECKF(bad == 0, "experts %s/%s: %d of %d rows of y off", tn, dn, bad, n_embd);
-        printf("  experts %s/%s k=%d: h rel L2 %.3g, y worst ratio %.3g\n", tn, dn, k, e, worst_ratio);
+        static const char *how[] = {"given ids", "softmax routing", "sigmoid routing"};
+        printf("  experts %s/%s k=%d of %d, %s: h rel L2 %.3g, y worst ratio %.3g\n", tn, dn, k, n_experts,
+               how[routing], e, worst_ratio);
         free(want), free(mag);
     }
     free(gd), free(ud), free(dd), free(gate), free(up), free(down), free(x), free(y0), free(y), free(h), free(href);
-    free(g), free(u), free(part);
+    free(g), free(u), free(part), free(logits);
 }
 
 static void test_experts_by_id(void) {
-    check_experts(MOE_TYPE_Q4_K, MOE_TYPE_Q4_K, 16, 8, 768, 512);
-    check_experts(MOE_TYPE_Q4_K, MOE_TYPE_Q6_K, 16, 4, 512, 256);
-    check_experts(MOE_TYPE_Q8_0, MOE_TYPE_Q8_0, 8, 2, 96, 128);
-    check_experts(MOE_TYPE_Q5_0, MOE_TYPE_Q8_0, 8, 2, 64, 128);
-    check_experts(MOE_TYPE_F32, MOE_TYPE_BF16, 8, 3, 64, 96);
+    check_experts(MOE_TYPE_Q4_K, MOE_TYPE_Q4_K, 16, 8, 768, 512, GIVEN_IDS);
+    check_experts(MOE_TYPE_Q4_K, MOE_TYPE_Q6_K, 16, 4, 512, 256, GIVEN_IDS);
+    check_experts(MOE_TYPE_Q8_0, MOE_TYPE_Q8_0, 8, 2, 96, 128, GIVEN_IDS);
+    check_experts(MOE_TYPE_Q5_0, MOE_TYPE_Q8_0, 8, 2, 64, 128, GIVEN_IDS);
+    check_experts(MOE_TYPE_F32, MOE_TYPE_BF16, 8, 3, 64, 96, GIVEN_IDS);
+    check_experts(MOE_TYPE_Q4_K, MOE_TYPE_Q4_K, 128, 8, 256, 256, ROUTE_SOFTMAX);
+    check_experts(MOE_TYPE_Q8_0, MOE_TYPE_Q8_0, 60, 4, 64, 128, ROUTE_SOFTMAX);
+    check_experts(MOE_TYPE_Q8_0, MOE_TYPE_Q8_0, 256, 32, 64, 64, ROUTE_SIGMOID);
+    check_experts(MOE_TYPE_F32, MOE_TYPE_F32, 3, 3, 32, 64, ROUTE_SIGMOID);
 }
 
 static double worst_dq[MOE_TYPE_COUNT], worst_dq16[MOE_TYPE_COUNT];

@@ -266,7 +266,7 @@ static moe_status check_experts(const expert_weights *ew, uint64_t *rng, double 
     float *deq = malloc(N_EMBD * sizeof *deq);
     moe_status st = x && y0 && y && h && deq
                         ? cuda_test_experts(ew->type, ew->type, N_EXPERTS, TOP_K, N_FF, N_EMBD, ew->gate, ew->up,
-                                            ew->down, ids, weights, x, y0, h, y, err)
+                                            ew->down, ids, weights, NULL, 0, x, y0, h, y, err)
                         : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     if (st == MOE_OK) {
         *worst_h = worst_up(ew, ids, x, h, deq);

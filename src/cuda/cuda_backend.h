@@ -182,11 +182,17 @@ moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, cons
 /* The routed-expert kernels on slabs of n_experts experts (GGUF layout,
  * gate and up n_ff x n_embd, down n_embd x n_ff): h[k][n_ff] =
  * silu(gate_id x) * (up_id x) for the k experts ids[], then
- * y = y0 + sum_j w[j] down_{ids[j]} h_j. */
+ * y = y0 + sum_j w[j] down_{ids[j]} h_j. With logits (n_experts of them)
+ * the kernels route themselves instead, as in the decode step: softmax
+ * (sigmoid: 1/(1+e^-l)), the top k, their weights renormalised; ids and
+ * weights are then not read (ffn_down takes what ffn_up's block 0
+ * publishes). Given ids reach ffn_down late, from a launch it overlaps
+ * (programmatic dependent launch): the ids it reads before its wait are
+ * wrong, and it must take the right ones after. */
 moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, int k, int n_ff, int n_embd,
                              const void *gate, const void *up, const void *down, const int32_t *ids,
-                             const float *weights, const float *x, const float *y0, float *h, float *y,
-                             moe_error *err);
+                             const float *weights, const float *logits, int sigmoid, const float *x, const float *y0,
+                             float *h, float *y, moe_error *err);
 
 /* cuda_top_logits on logits[0..n_vocab) copied to the GPU, run twice. */
 moe_status cuda_test_top_logits(const float *logits, int n_vocab, int n, const int32_t *extra, int n_extra,

@@ -9,8 +9,9 @@
  *     q|k|v = W (RMSNorm x) (+ bias)                     gemv (norm fused)
  *     q/k norm, RoPE, append k v, attention               attention
  *     x += Wo att                                          gemv (residual)
- *     router logits, softmax|sigmoid, top-k, weights       router (last block routes)
- *     h = silu(G_e xn) * (U_e xn), k experts (+ shared)    ffn_up (ids on device)
+ *     router logits                                        router
+ *     softmax|sigmoid, top-k, weights; then               (each block routes)
+ *     h = silu(G_e xn) * (U_e xn), k experts (+ shared)    ffn_up
  *     x += sum w_e D_e h_e (+ g D_sh h_sh)                 ffn_down
  *   logits = W_out (RMSNorm x), argmax -> step[0], step[1] += 1
  *
@@ -92,9 +93,8 @@ static route_spec route_of(const cuda_state *s) {
                       c->expert_weights_scale};
 }
 
-/* What a gemv() launch is for: the router's logits and routing (F32:
- * router_kernel; else a plain product and cuda_route), the head's launch
- * takes the argmax. */
+/* What a gemv() launch is for: the router's logits (F32: router_kernel),
+ * the head's launch takes the argmax. */
 enum { GEMV_PLAIN, GEMV_ROUTER, GEMV_HEAD };
 
 /* y = W in for each output; one launch per weight type among them. */
@@ -122,25 +122,15 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
         a.epilogue = kind == GEMV_HEAD ? EPI_ARGMAX : EPI_NONE;
         a.trace = trace;
         if (kind == GEMV_HEAD) {
-            a.counter = s->counters + 1;
+            a.counter = s->counters;
             a.part_val = s->part_val;
             a.part_idx = s->part_idx;
             a.step = s->step;
             a.history = s->history;
         }
         const size_t smem = gemv_smem(f->act, in.n);
-        if (kind == GEMV_ROUTER) {
-            a.counter = s->counters;
-            a.route = route_of(s);
-            a.route_ids = s->route_ids;
-            a.route_w = s->route_w;
-            if (cuda_router_fits(&a)) {
-                cuda_router(&a, s->stream, s->opt.pdl);
-                continue;
-            }
-        }
-        f->gemv(&a, grid_for(s, f, 0, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
-        if (kind == GEMV_ROUTER) cuda_route(&a.route, s->router, 1, s->route_w, s->route_ids, s->stream, s->opt.pdl);
+        if (kind == GEMV_ROUTER && cuda_router_fits(&a)) cuda_router(&a, s->stream, s->opt.pdl);
+        else f->gemv(&a, grid_for(s, f, 0, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
     }
 }
 
@@ -176,7 +166,7 @@ static void attention_block(cuda_state *s, int l) {
     a.out = s->att;
     a.part_out = s->attn_part_out;
     a.part_ml = s->attn_part_ml;
-    a.counters = s->counters + 2;
+    a.counters = s->counters + 1;
     a.n_heads = c->n_heads;
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
@@ -202,7 +192,7 @@ static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, i
     int rows = 0, units = 0;
     if (n_routed) {
         a.gate = *gate, a.up = *up, a.n_routed = n_routed;
-        if (s->m->config.n_experts) a.ids = s->route_ids;
+        if (s->m->config.n_experts) a.route = route_of(s), a.route_ids = s->route_ids, a.route_w = s->route_w;
         rows += n_routed * gate->rows;
         units = gate->units;
     }
@@ -670,7 +660,7 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->part_idx = (int *)carve(base, used, (size_t)s->max_grid * sizeof(int));
     s->step = (int *)carve(base, used, 2 * sizeof(int));
     s->history = (int *)carve(base, used, (size_t)(s->n_ctx + 1) * sizeof(int));
-    s->counters = (unsigned *)carve(base, used, (size_t)(2 + c->n_kv_heads) * sizeof(unsigned));
+    s->counters = (unsigned *)carve(base, used, (size_t)(1 + c->n_kv_heads) * sizeof(unsigned));
     s->rope = (float *)carve(base, used, (size_t)s->n_ctx * c->n_rot * sizeof(float));
 }
 

@@ -18,7 +18,7 @@ extern "C" {
 
 enum { ACT_Q8K, ACT_Q80, ACT_F32 };                 /* activation (dot) types */
 enum { EPI_NONE, EPI_ARGMAX };                      /* gemv epilogues */
-enum { MAX_EXPERTS_USED = 32, MAX_SEGS = 3 };
+enum { MAX_EXPERTS_USED = 32, MAX_ROUTED_EXPERTS = 256, MAX_SEGS = 3 };
 #define GEMV_THREADS 512 /* threads of a matrix-vector block (kernels.cuh) */
 #define GEMV_WARPS (GEMV_THREADS / 32)
 
@@ -68,11 +68,7 @@ struct gemv_args {
     int seg_end[MAX_SEGS]; /* cumulative rows */
     int lanes;             /* lanes per row, a power of two <= 32 */
     int epilogue;
-    unsigned *counter; /* last-block ticket (router, argmax) */
-    /* router (router_kernel's last block routes) */
-    route_spec route;
-    int *route_ids;
-    float *route_w;
+    unsigned *counter; /* the argmax's last-block ticket */
     /* argmax */
     float *part_val;
     int *part_idx;
@@ -85,7 +81,10 @@ struct ffn_up_args {
     act_in in;
     dmat gate, up;     /* routed slabs (or a dense FFN's matrices) */
     int n_routed;      /* slots of routed experts in this launch (0: none) */
-    const int *ids;    /* expert of each slot; NULL: expert 0 (dense) */
+    route_spec route;  /* logits set: every block routes (route_warp) */
+    int *route_ids;    /* and block 0 publishes the ids and weights for ffn_down */
+    float *route_w;
+    const int *ids;    /* else the expert of each slot; NULL: expert 0 (dense) */
     dmat sh_gate, sh_up;
     int has_shared;
     int h_shared_off;  /* where the shared expert's hidden state starts in h */
@@ -102,8 +101,8 @@ struct ffn_down_args {
     act_in in;
     dmat down;
     int n_routed;
-    const int *ids;
-    const float *route_w; /* NULL: weight 1 */
+    const int *ids;       /* the expert of each slot (ffn_up's block 0 writes them) */
+    const float *route_w; /* and its weight; NULL: weight 1 */
     int routed_act_stride;
     dmat sh_down;
     int has_shared;
@@ -218,13 +217,6 @@ __host__ __device__ inline size_t act_bytes(int kind, int n) {
     return align16((size_t)n) + align16((size_t)n / 256 * 4) + align16((size_t)n / 16 * 2);
 }
 
-/* Shared memory of route_block (kernels.cuh): the probabilities, their
- * sort keys, the chosen experts' probabilities and ids. */
-__host__ __device__ inline size_t route_smem(int n_experts) {
-    return align16((size_t)n_experts * sizeof(float)) + (size_t)n_experts * sizeof(uint64_t) +
-           2 * MAX_EXPERTS_USED * sizeof(float);
-}
-
 /* Dynamic shared memory of a gemv-family launch: the activation and the
  * block-sum scratch (at least 64 floats: the argmax's flag and partials). */
 __host__ __device__ inline size_t gemv_smem(int kind, int n) { return act_bytes(kind, n) + 64 * sizeof(float); }
@@ -268,7 +260,7 @@ struct cuda_state {
     float *qkv;               /* (q_dim + 2 kv_dim) */
     float *att;               /* (q_dim) */
     float *router;            /* (n_experts) logits */
-    float *route_w;           /* (k) */
+    float *route_w;           /* (k) the routing, from ffn_up's block 0 */
     int *route_ids;           /* (k) */
     float *shgate;            /* (1) */
     float *h;                 /* (k n_ff_expert + n_ff_shared) or (n_ff) */
@@ -280,7 +272,7 @@ struct cuda_state {
     int *step;                /* [0] token, [1] position */
     int *history;             /* (n_ctx + 1) argmax after each position */
     float *rope;              /* (n_ctx, n_rot) cos | sin, see attention.cu */
-    unsigned *counters;       /* [0] router, [1] argmax, [2..] attention per KV head */
+    unsigned *counters;       /* [0] argmax, [1..] attention per KV head */
     int q_dim, kv_dim, n_ff_routed, h_len;
     int attn_splits;
     int max_grid;
@@ -313,11 +305,11 @@ void cuda_top_scratch_free(struct top_scratch *s);
 void cuda_top_free(cuda_state *s);
 
 /* The router of an F32 matrix (float.cu): logits, the RMSNorm fused, one
- * block per expert; the last block routes (route_block). */
+ * block per expert. The expert launches route from the logits. */
 bool cuda_router_fits(const gemv_args *a);
 void cuda_router(const gemv_args *a, cudaStream_t st, bool pdl);
-/* Routing of n_tokens tokens' logits (n_experts apart), a block each: ids
- * and weights k apart. */
+/* Routing of n_tokens tokens' logits (n_experts apart), a warp each: ids
+ * and weights k apart (the batched prefill). */
 void cuda_route(const route_spec *r, const float *logits, int n_tokens, float *weights, int *ids, cudaStream_t st,
                 bool pdl);
 

@@ -234,6 +234,9 @@ static moe_status check_config(const model_config *c, moe_error *err) {
     if (c->n_experts && c->n_experts_used > MAX_EXPERTS_USED)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the CUDA backend routes to at most %d experts per token, not %d",
                              MAX_EXPERTS_USED, c->n_experts_used);
+    if (c->n_experts > MAX_ROUTED_EXPERTS)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the CUDA backend routes among at most %d experts, not %d",
+                             MAX_ROUTED_EXPERTS, c->n_experts);
     return MOE_OK;
 }
 

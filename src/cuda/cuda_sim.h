@@ -171,6 +171,15 @@ template <class T> static inline T __shfl_down_sync(unsigned, T v, int delta, in
     return sim_shfl(v, src);
 }
 
+static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+    const int lane = (int)(threadIdx.x & 31);
+    for (int off = 16; off > 0; off >>= 1) {
+        const unsigned o = sim_shfl(v, lane ^ off);
+        v = o > v ? o : v;
+    }
+    return v;
+}
+
 /* The lanes whose v equals this lane's: every lane posts its value, the
  * warp meets, every lane reads all 32 (two warp barriers, not 32 shuffles). */
 template <class T> static inline unsigned __match_any_sync(unsigned, T v) {
@@ -198,6 +207,7 @@ static inline long long max(long long a, long long b) { return a > b ? a : b; }
 static inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 static inline int __float_as_int(float f) { int i; memcpy(&i, &f, 4); return i; }
 static inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return i; }
+static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
 static inline int __float2int_rn(float f) { return (int)nearbyintf(f); }
 
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }

@@ -16,7 +16,7 @@ extern "C" {
 
 typedef struct test_buffers {
     uint8_t *arena;
-    void *ptrs[8];
+    void *ptrs[12];
     int n;
 } test_buffers;
 
@@ -106,10 +106,36 @@ moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, cons
     return st;
 }
 
+/* Lets its dependent launch at once, then, after `ns`, writes the true ids
+ * over the wrong ones at ids: ffn_down launched behind it reads the wrong
+ * ids before its wait (its guess) and must correct them after it. */
+static __global__ void late_ids_kernel(int *ids, const int *truth, int k, uint64_t ns) {
+    pdl_launch_dependents();
+    const uint64_t t0 = global_ns();
+    while (global_ns() - t0 < ns) {
+    }
+    if ((int)threadIdx.x < k) ids[threadIdx.x] = truth[threadIdx.x];
+}
+
+/* ffn_down on stream st behind late_ids_kernel, its ids at dids wrong (each
+ * the next expert) until that launch ends; the true ones from dtruth. */
+static cudaError_t down_behind_late_ids(const cuda_format *fd, const ffn_down_args *da, int grid, size_t smem,
+                                        int *dids, int *dtruth, const int32_t *ids, int k, int n_experts,
+                                        cudaStream_t st) {
+    int wrong[MAX_EXPERTS_USED];
+    for (int j = 0; j < k; j++) wrong[j] = (ids[j] + 1) % n_experts;
+    cudaError_t e = cudaMemcpy(dtruth, ids, (size_t)k * 4, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(dids, wrong, (size_t)k * 4, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) return e;
+    LAUNCH(late_ids_kernel, 1, 32, 0, st, dids, dtruth, k, (uint64_t)50000);
+    fd->down(da, grid, smem, st, true);
+    return cudaGetLastError();
+}
+
 moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, int k, int n_ff, int n_embd,
                              const void *gate, const void *up, const void *down, const int32_t *ids,
-                             const float *weights, const float *x, const float *y0, float *h, float *y,
-                             moe_error *err) {
+                             const float *weights, const float *logits, int sigmoid, const float *x, const float *y0,
+                             float *h, float *y, moe_error *err) {
     const cuda_format *f = cuda_format_of(type), *fd = cuda_format_of(down_type);
     if (!f || !fd) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA kernels for type %d or %d", (int)type, (int)down_type);
     if (k > MAX_EXPERTS_USED) return moe_error_set(err, MOE_ERR_RANGE, "k = %d > %d", k, MAX_EXPERTS_USED);
@@ -118,19 +144,24 @@ moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, i
     dmat m[3];
     int types[3] = {type, type, down_type}, rows[3] = {n_ff, n_ff, n_embd}, cols[3] = {n_embd, n_embd, n_ff};
     const void *data[3] = {gate, up, down};
-    float *dx = NULL, *dh = NULL, *dy = NULL, *dw = NULL;
-    int *dids = NULL;
+    float *dx = NULL, *dh = NULL, *dy = NULL, *dw = NULL, *dlogits = NULL;
+    int *dids = NULL, *dtruth = NULL;
+    cudaStream_t stream = NULL;
     moe_status st = upload_slabs(&b, 3, types, data, rows, cols, n_experts, m, err);
     if (st == MOE_OK) st = dev_alloc(&b, (void **)&dx, (size_t)n_embd * 4, err);
     if (st == MOE_OK) st = dev_alloc(&b, (void **)&dh, (size_t)k * n_ff * 4, err);
     if (st == MOE_OK) st = dev_alloc(&b, (void **)&dy, (size_t)n_embd * 4, err);
     if (st == MOE_OK) st = dev_alloc(&b, (void **)&dw, (size_t)k * 4, err);
     if (st == MOE_OK) st = dev_alloc(&b, (void **)&dids, (size_t)k * 4, err);
+    if (st == MOE_OK && logits) st = dev_alloc(&b, (void **)&dlogits, (size_t)n_experts * 4, err);
+    if (st == MOE_OK && !logits) st = dev_alloc(&b, (void **)&dtruth, (size_t)k * 4, err);
     if (st == MOE_OK) {
+        const route_spec route = {dlogits, n_experts, k, sigmoid, 1, 1.0f};
         ffn_up_args ua;
         memset(&ua, 0, sizeof ua);
         ua.in = act_in{dx, NULL, 0.0f, n_embd};
         ua.gate = m[0], ua.up = m[1], ua.n_routed = k, ua.ids = dids, ua.h = dh;
+        if (logits) ua.route = route, ua.route_ids = dids, ua.route_w = dw; /* ffn_down reads what ffn_up routed */
         ua.h_shared_off = k * n_ff;
         ua.lanes = pick_lanes(m[0].units, f->n > 1 ? f->n / 2 : 1);
         size_t su = gemv_smem(f->act, n_embd);
@@ -143,19 +174,29 @@ moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, i
         size_t most = su > sd ? su : sd;
         cudaError_t e = cudaMemcpy(dx, x, (size_t)n_embd * 4, cudaMemcpyHostToDevice);
         if (e == cudaSuccess) e = cudaMemcpy(dy, y0, (size_t)n_embd * 4, cudaMemcpyHostToDevice);
-        if (e == cudaSuccess) e = cudaMemcpy(dw, weights, (size_t)k * 4, cudaMemcpyHostToDevice);
-        if (e == cudaSuccess) e = cudaMemcpy(dids, ids, (size_t)k * 4, cudaMemcpyHostToDevice);
+        if (logits) { /* routed on the GPU: expert 0 and NaN weights unless ffn_up publishes its routing */
+            if (e == cudaSuccess) e = cudaMemset(dw, 0xff, (size_t)k * 4);
+            if (e == cudaSuccess) e = cudaMemset(dids, 0, (size_t)k * 4);
+        } else {
+            if (e == cudaSuccess) e = cudaMemcpy(dw, weights, (size_t)k * 4, cudaMemcpyHostToDevice);
+            if (e == cudaSuccess) e = cudaMemcpy(dids, ids, (size_t)k * 4, cudaMemcpyHostToDevice);
+        }
+        if (e == cudaSuccess && logits) e = cudaMemcpy(dlogits, logits, (size_t)n_experts * 4, cudaMemcpyHostToDevice);
         if (e == cudaSuccess) e = cudaMemset(dh, 0xff, (size_t)k * n_ff * 4);
         if (e == cudaSuccess) e = cuda_allow_smem_all((int)most > 48 * 1024 ? (int)most : 48 * 1024);
+        if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
         if (e == cudaSuccess) {
             f->up(&ua, test_grid(f, 1, su, k * n_ff, ua.lanes), su, 0, false);
             e = cudaGetLastError();
         }
         if (e == cudaSuccess) e = cudaDeviceSynchronize();
         if (e == cudaSuccess) e = cudaMemcpy(h, dh, (size_t)k * n_ff * 4, cudaMemcpyDeviceToHost);
-        if (e == cudaSuccess) {
-            fd->down(&da, test_grid(fd, 2, sd, n_embd, da.lanes), sd, 0, false);
+        const int down_grid = test_grid(fd, 2, sd, n_embd, da.lanes);
+        if (e == cudaSuccess && logits) {
+            fd->down(&da, down_grid, sd, stream, false);
             e = cudaGetLastError();
+        } else if (e == cudaSuccess) { /* given ids: also the path of a wrong guess */
+            e = down_behind_late_ids(fd, &da, down_grid, sd, dids, dtruth, ids, k, n_experts, stream);
         }
         if (e == cudaSuccess) e = cudaDeviceSynchronize();
         if (e == cudaSuccess) e = cudaMemcpy(y, dy, (size_t)n_embd * 4, cudaMemcpyDeviceToHost);
@@ -165,5 +206,6 @@ moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, i
         }
     }
     release(&b);
+    if (stream) cudaStreamDestroy(stream);
     return st;
 }

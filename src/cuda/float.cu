@@ -79,9 +79,9 @@ DEFINE_CUDA_FORMAT(fmt_bf16, bf16)
 
 /* ---------------------------------------------------------------- the router */
 
-/* logits = W_r RMSNorm(x) for an F32 router, then the routing by the
- * last block (route_block). One block per expert with the row spread over all its threads, so all of the
- * router's loads are in flight at once: the generic GEMV puts a router's
+/* logits = W_r RMSNorm(x) for an F32 router; the expert launches route
+ * from them. One block per expert with the row spread over all its
+ * threads, so all of the router's loads are in flight at once: the generic GEMV puts a router's
  * 128 rows on 16 blocks, a warp a row, four dependent round trips each.
  * One pass over x after the wait: the norm's scale factors out of the
  * sum (logit = scale * sum w_i g_i x_i), so the sum of squares (in double,
@@ -102,8 +102,6 @@ __device__ __forceinline__ void block_sum_pair(double *ss, float *dot, double *s
 }
 
 __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args a) {
-    DYN_SMEM(uint8_t, smem);
-    __shared__ int flag;
     __shared__ double ss_scratch[32];
     __shared__ float dot_scratch[32];
     const dmat &w = a.seg[0].w;
@@ -143,9 +141,6 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     block_sum_pair(&ss, &dot, ss_scratch, dot_scratch);
     if (tid == 0) a.seg[0].out[e] = dot * rms_scale(ss, n, a.in.eps);
     trace_mark(a.trace, TRACE_WORKED);
-    if (!last_block(a.counter, gridDim.x, &flag)) return;
-    route_block(a.route, smem, a.route_w, a.route_ids);
-    trace_mark(a.trace, TRACE_EXIT);
 }
 
 bool cuda_router_fits(const gemv_args *a) {
@@ -154,19 +149,23 @@ bool cuda_router_fits(const gemv_args *a) {
 }
 
 void cuda_router(const gemv_args *a, cudaStream_t st, bool pdl) {
-    LAUNCH_PDL(pdl, router_kernel, a->seg[0].w.rows, ROUTER_THREADS, route_smem(a->route.n_experts), st, *a);
+    LAUNCH_PDL(pdl, router_kernel, a->seg[0].w.rows, ROUTER_THREADS, 0, st, *a);
 }
 
-/* Block b routes token b. */
-static __global__ void route_kernel(route_spec r, const float *logits, float *weights, int *ids) {
-    DYN_SMEM(uint8_t, smem);
+#define ROUTE_WARPS 8 /* tokens a block */
+
+/* Warp w of block b routes token b * ROUTE_WARPS + w. */
+static __global__ void route_kernel(route_spec r, int n_tokens, const float *logits, float *weights, int *ids) {
     pdl_wait();
     pdl_launch_dependents();
-    r.logits = logits + (int64_t)blockIdx.x * r.n_experts;
-    route_block(r, smem, weights + (int64_t)blockIdx.x * r.k, ids + (int64_t)blockIdx.x * r.k);
+    const int t = blockIdx.x * ROUTE_WARPS + (threadIdx.x >> 5);
+    if (t >= n_tokens) return;
+    r.logits = logits + (int64_t)t * r.n_experts;
+    route_warp(r, weights + (int64_t)t * r.k, ids + (int64_t)t * r.k);
 }
 
 void cuda_route(const route_spec *r, const float *logits, int n_tokens, float *weights, int *ids, cudaStream_t st,
                 bool pdl) {
-    LAUNCH_PDL(pdl, route_kernel, n_tokens, ROUTER_THREADS, route_smem(r->n_experts), st, *r, logits, weights, ids);
+    LAUNCH_PDL(pdl, route_kernel, (n_tokens + ROUTE_WARPS - 1) / ROUTE_WARPS, 32 * ROUTE_WARPS, 0, st, *r, n_tokens,
+               logits, weights, ids);
 }

@@ -48,18 +48,18 @@
  *   gemv_kernel     y = W x (+ bias) (+= into y): q|k|v, o + residual,
  *                   a router's logits, the output head (last block:
  *                   argmax).
- *   ffn_up_kernel   h = silu(G x) * (U x) for the k routed experts read by
- *                   id from device memory, plus the shared expert, in one
- *                   launch; block 0 also computes the shared expert's
- *                   sigmoid gate. Behind a router it stages x before its
- *                   wait (x was final two launches back), so only the ids
- *                   and the weights follow the wait.
+ *   ffn_up_kernel   h = silu(G x) * (U x) for the k routed experts, plus
+ *                   the shared expert, in one launch; block 0 also
+ *                   computes the shared expert's sigmoid gate. Behind a
+ *                   router it stages x before its wait (x was final two
+ *                   launches back), so only the routing follows the wait.
  *   ffn_down_kernel x += sum_j w_j D_{id_j} h_j + g * D_sh h_sh: every
  *                   output row reads the k experts' rows (flattened into
  *                   one stream of units) and writes the residual once, no
  *                   atomics, deterministic.
- * Routing (route_block) is a block's: the F32 router's last block
- * (float.cu), or a launch of its own after a router of another type.
+ * Routing (route_warp) is a warp's, from the router's logits in device
+ * memory: every block of ffn_up routes for itself, so no launch waits on a
+ * router's last block, and its block 0 publishes the routing for ffn_down.
  */
 #ifndef MOE_CUDA_KERNELS_CUH
 #define MOE_CUDA_KERNELS_CUH
@@ -477,8 +477,8 @@ __device__ __forceinline__ void prefetch_floats(const float *p, int n) {
 
 /* ---------------------------------------------------------------- gemv */
 
-/* The order route_block ranks experts by: probability first (NaN as
- * -inf, -0 as +0), then the lower id; one integer compare. */
+/* The order routing ranks experts by: probability first (NaN as -inf, -0
+ * as +0), then the lower id; one integer compare. 0 ranks below every key. */
 __device__ __forceinline__ uint64_t route_key(float p, int id) {
     if (isnan(p)) p = -INFINITY;
     if (p == 0.0f) p = 0.0f;
@@ -487,53 +487,86 @@ __device__ __forceinline__ uint64_t route_key(float p, int id) {
     return (uint64_t)u << 32 | (0xffffffffu - (uint32_t)id);
 }
 
-/* A block (of any multiple of 32 threads) routes one token: route_tokens
- * in cpu_forward.c on the logits at r.logits, the k experts and their
- * weights to ids[0..k) and weights[0..k). smem: route_smem(n). Warp 0 takes
- * the softmax (no block barrier); ranks count the better keys, Q lanes an
- * expert, so 128 experts cost 32 compares a thread at 512 threads and 64
- * at the router's 256. */
-__device__ __forceinline__ void route_block(const route_spec &r, uint8_t *smem, float *weights, int *ids) {
-    const int tid = threadIdx.x, nt = blockDim.x, n = r.n_experts, lane = tid & 31;
-    float *p = (float *)smem;
-    uint64_t *key = (uint64_t *)(smem + align16((size_t)n * 4));
-    float *chosen_w = (float *)(key + n);
-    int *chosen_id = (int *)(chosen_w + MAX_EXPERTS_USED);
-    if (tid < 32) {
-        float m = -INFINITY;
-        for (int i = lane; i < n; i += 32) m = fmaxf(m, p[i] = __ldcg(r.logits + i));
-        if (r.gating == 0) {
-            m = warp_max(m);
-            float sum = 0.0f;
-            for (int i = lane; i < n; i += 32) sum += p[i] = expf(p[i] - m);
-            const float inv = (float)(1.0 / (double)warp_sum(sum));
-            for (int i = lane; i < n; i += 32) p[i] *= inv;
-        } else {
-            for (int i = lane; i < n; i += 32) p[i] = 1.0f / (1.0f + expf(-p[i]));
-        }
-        for (int i = lane; i < n; i += 32) key[i] = route_key(p[i], i);
+/* The probability a key's high word was made from (route_key undone). */
+__device__ __forceinline__ float route_key_prob(uint32_t hi) {
+    return __uint_as_float(hi & 0x80000000u ? hi & 0x7fffffffu : ~hi);
+}
+
+/* One warp routes one token, in registers: route_tokens in cpu_forward.c
+ * on the logits at r.logits, the k experts and their weights to
+ * ids[0..k) and weights[0..k) (lanes < k write; weights may be NULL). No
+ * block barrier and no shared memory, so every block of ffn_up routes for
+ * itself instead of waiting on a router's last block (decode-plan fact
+ * 24): k rounds of a two-word warp max (redux.sync) over each lane's best
+ * remaining key. PER: experts a lane (n_experts <= 32 PER). */
+template <int PER>
+__device__ __forceinline__ void route_warp_of(const route_spec &r, float *weights, int *ids) {
+    const int lane = threadIdx.x & 31, n = r.n_experts;
+    float p[PER];
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+        p[i] = lane + 32 * i < n ? __ldcg(r.logits + lane + 32 * i) : -INFINITY;
+        m = fmaxf(m, p[i]);
     }
-    __syncthreads();
-    int Q = 1; /* lanes an expert */
-    while (Q < 32 && 2 * Q * n <= nt) Q <<= 1;
-    for (int i0 = 0; i0 < n; i0 += nt / Q) { /* uniform: every lane meets the shuffles */
-        const int i = i0 + tid / Q, q = tid & (Q - 1);
-        const uint64_t mine = i < n ? key[i] : ~0ull;
-        int rank = 0;
-#pragma unroll 8
-        for (int j = q; j < n; j += Q) rank += key[j] > mine;
-        for (int off = Q >> 1; off > 0; off >>= 1) rank += __shfl_xor_sync(FULL_MASK, rank, off);
-        if (i < n && q == 0 && rank < r.k) chosen_w[rank] = p[i], chosen_id[rank] = i;
+    if (r.gating == 0) {
+        m = warp_max(m);
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            if (lane + 32 * i < n) sum += p[i] = expf(p[i] - m);
+        const float inv = (float)(1.0 / (double)warp_sum(sum));
+#pragma unroll
+        for (int i = 0; i < PER; i++) p[i] *= inv;
+    } else {
+#pragma unroll
+        for (int i = 0; i < PER; i++) p[i] = 1.0f / (1.0f + expf(-p[i]));
     }
-    __syncthreads();
-    if (tid < r.k) {
-        float sum = 0.0f; /* in the CPU's order */
-        for (int j = 0; j < r.k; j++) sum += chosen_w[j];
-        float w = chosen_w[tid];
-        if (r.norm_topk) w /= sum;
-        weights[tid] = w * r.w_scale;
-        ids[tid] = chosen_id[tid];
+    uint64_t key[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) key[i] = lane + 32 * i < n ? route_key(p[i], lane + 32 * i) : 0;
+    float sum = 0.0f, my_w = 0.0f; /* the sum in the CPU's order: rank 0 first */
+    int my_id = 0;
+#pragma unroll 1 /* a round is a dependent chain: unrolled it only grows the code */
+    for (int j = 0; j < r.k; j++) {
+        uint64_t best = 0;
+#pragma unroll
+        for (int i = 0; i < PER; i++) best = key[i] > best ? key[i] : best;
+        const uint32_t hi = __reduce_max_sync(FULL_MASK, (uint32_t)(best >> 32));
+        const uint32_t lo = __reduce_max_sync(FULL_MASK, (uint32_t)(best >> 32) == hi ? (uint32_t)best : 0u);
+        const uint64_t win = (uint64_t)hi << 32 | lo;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            if (key[i] == win) key[i] = 0;
+        const float w = route_key_prob(hi);
+        sum += w;
+        if (lane == j) my_w = w, my_id = (int)(0xffffffffu - lo);
     }
+    if (lane < r.k) {
+        if (r.norm_topk) my_w /= sum;
+        if (weights) weights[lane] = my_w * r.w_scale;
+        ids[lane] = my_id;
+    }
+}
+
+/* The instance a router's size runs: 128 experts or fewer (Qwen3, OLMoE,
+ * Mixtral) run half the code of 256 (each KB of it is fetched cold every
+ * layer, decode-plan fact 20). */
+__device__ __forceinline__ void route_warp(const route_spec &r, float *weights, int *ids) {
+    static_assert(MAX_ROUTED_EXPERTS == 256, "route_warp's instances cover 256 experts");
+    if (r.n_experts <= 128) route_warp_of<4>(r, weights, ids);
+    else route_warp_of<8>(r, weights, ids);
+}
+
+/* route_warp for block 0 of ffn_up: the ids to its shared slot_ids and to
+ * ids/weights in device memory, fenced before the launch of ffn_down
+ * (which reads them before its wait, and checks them after it). */
+__device__ __forceinline__ void publish_route(const route_spec &r, int *slot_ids, int *ids, float *weights) {
+    route_warp(r, weights, slot_ids);
+    const int lane = threadIdx.x & 31;
+    if (lane < r.k) ids[lane] = slot_ids[lane];
+    __threadfence();
+    pdl_launch_dependents();
 }
 
 /* Rows a warp visits up to which gemv_kernel prefetches the next row
@@ -730,11 +763,19 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         prefetch_floats(a.in.norm, a.in.n);
         prefetch_floats(a.shgate_w, a.in.n);
     }
-    pdl_wait(); /* the router's ids */
-    pdl_launch_dependents();
+    pdl_wait(); /* the router's logits */
+    /* Block 0 publishes the routing for ffn_down, which reads it before its
+     * own wait: block 0 lets it launch only once the routing is written. */
+    const bool publishes = a.route.logits && blockIdx.x == 0;
+    if (!publishes) pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
     /* once a block: a warp's later rows then locate theirs without an L2 round trip */
-    if (threadIdx.x < a.n_routed) slot_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
+    if (a.route.logits) {
+        if (warp == 0 && publishes) publish_route(a.route, slot_ids, a.route_ids, a.route_w);
+        else if (warp == 0) route_warp(a.route, NULL, slot_ids);
+    } else if (threadIdx.x < a.n_routed) {
+        slot_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
+    }
     __syncthreads();
     if (a.act_ready) trace_mark(a.trace, TRACE_STAGED);
     pair_batch<F> first;
@@ -788,7 +829,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
 template <class F, bool SHARED>
 __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_args a) {
     DYN_SMEM(uint8_t, smem);
-    __shared__ int ids[MAX_EXPERTS_USED];
+    __shared__ int guessed[MAX_EXPERTS_USED], ids[MAX_EXPERTS_USED];
     __shared__ float weights[MAX_EXPERTS_USED];
     __shared__ float sh_weight;
     const int L = a.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -796,14 +837,18 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     const int total = a.n_routed ? a.down.rows : a.sh_down.rows;
     const int start = (blockIdx.x * GEMV_WARPS + warp) * G, stride = gridDim.x * GEMV_WARPS * G;
     trace_mark(a.trace, TRACE_ENTRY);
-    /* The ids were written by the router two launches back, which finished
-     * before the launch before this one passed its own wait: they may be
-     * read before this launch's wait, and so may the first rows. */
+    /* The ids come from the launch before (ffn_up's block 0, which writes
+     * them before it lets this launch start): read before the wait they are
+     * a guess, right but for a race the PDL contract does not rule out, that
+     * lets the first rows load before it; checked after the wait. */
+    if (a.n_routed) {
+        if (threadIdx.x < a.n_routed) guessed[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
+        __syncthreads();
+    }
     term_batches<F> first;
     if (start + grp < total) {
         if (a.n_routed)
-            load_first_terms<F>(first, a.down, start + grp, a.n_routed,
-                                [&](int j) { return a.ids ? __ldcg(a.ids + j) : 0; }, sub, L);
+            load_first_terms<F>(first, a.down, start + grp, a.n_routed, [&](int j) { return guessed[j]; }, sub, L);
         else if (SHARED) {
             const dmat &m = a.sh_down;
             const int row = start + grp;
@@ -815,12 +860,16 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
     if (threadIdx.x < a.n_routed) {
-        ids[threadIdx.x] = a.ids ? a.ids[threadIdx.x] : 0;
-        weights[threadIdx.x] = a.route_w ? a.route_w[threadIdx.x] : 1.0f;
+        ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
+        weights[threadIdx.x] = a.route_w ? __ldcg(a.route_w + threadIdx.x) : 1.0f;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
     stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
+    bool guessed_right = true;
+    for (int j = 0; j < a.n_routed; j++) guessed_right &= guessed[j] == ids[j];
+    if (!guessed_right && start + grp < total) /* the rows loaded before the wait are the wrong experts' */
+        load_first_terms<F>(first, a.down, start + grp, a.n_routed, [&](int j) { return ids[j]; }, sub, L);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     auto do_row = [&](int base, const term_batches<F> *pre) {
         const int row = base + grp;
