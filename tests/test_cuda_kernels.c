@@ -175,7 +175,8 @@ static void route_on_cpu(const float *logits, int n_experts, int k, bool sigmoid
     free(p);
 }
 
-static void check_experts(moe_type type, moe_type down_type, int n_experts, int k, int n_ff, int n_embd, int routing) {
+static void check_experts_with(moe_type type, moe_type down_type, int n_experts, int k, int n_ff, int n_embd,
+                               int routing, int lanes_shift) {
     const char *tn = quant_format_of(type)->name, *dn = quant_format_of(down_type)->name;
     float *gd, *ud, *dd;
     size_t gate_bytes = quant_row_bytes(type, n_embd) * n_ff, down_bytes = quant_row_bytes(down_type, n_ff) * n_embd;
@@ -199,8 +200,9 @@ static void check_experts(moe_type type, moe_type down_type, int n_experts, int 
     }
     for (int i = 0; i < n_embd; i++) x[i] = gauss(), y0[i] = gauss();
     moe_error err = {0};
-    moe_status st = cuda_test_experts(type, down_type, n_experts, k, n_ff, n_embd, gate, up, down, ids, weights, logits,
-                                      routing == ROUTE_SIGMOID, x, y0, h, y, &err);
+    const cuda_test_expert_io io = {type, down_type, n_experts, k, n_ff, n_embd, gate, up, down, ids, weights, logits,
+                                    routing == ROUTE_SIGMOID, lanes_shift, x, y0, h, y};
+    moe_status st = cuda_test_experts(&io, &err);
     CHECKF(st == MOE_OK, "%s", err.message);
     if (st == MOE_OK) {
         for (int j = 0; j < k; j++) {
@@ -229,12 +231,16 @@ static void check_experts(moe_type type, moe_type down_type, int n_experts, int 
         }
         CHECKF(bad == 0, "experts %s/%s: %d of %d rows of y off", tn, dn, bad, n_embd);
         static const char *how[] = {"given ids", "softmax routing", "sigmoid routing"};
-        printf("  experts %s/%s k=%d of %d, %s: h rel L2 %.3g, y worst ratio %.3g\n", tn, dn, k, n_experts,
-               how[routing], e, worst_ratio);
+        printf("  experts %s/%s k=%d of %d, %s, lanes >> %d: h rel L2 %.3g, y worst ratio %.3g\n", tn, dn, k,
+               n_experts, how[routing], lanes_shift, e, worst_ratio);
         free(want), free(mag);
     }
     free(gd), free(ud), free(dd), free(gate), free(up), free(down), free(x), free(y0), free(y), free(h), free(href);
     free(g), free(u), free(part), free(logits);
+}
+
+static void check_experts(moe_type type, moe_type down_type, int n_experts, int k, int n_ff, int n_embd, int routing) {
+    check_experts_with(type, down_type, n_experts, k, n_ff, n_embd, routing, 0);
 }
 
 static void test_experts_by_id(void) {
@@ -247,6 +253,9 @@ static void test_experts_by_id(void) {
     check_experts(MOE_TYPE_Q8_0, MOE_TYPE_Q8_0, 60, 4, 64, 128, ROUTE_SOFTMAX);
     check_experts(MOE_TYPE_Q8_0, MOE_TYPE_Q8_0, 256, 32, 64, 64, ROUTE_SIGMOID);
     check_experts(MOE_TYPE_F32, MOE_TYPE_F32, 3, 3, 32, 64, ROUTE_SIGMOID);
+    /* the lanes `moe lab` also times: half and a quarter of the decode's */
+    check_experts_with(MOE_TYPE_Q4_K, MOE_TYPE_Q4_K, 16, 8, 512, 512, GIVEN_IDS, 1);
+    check_experts_with(MOE_TYPE_Q4_K, MOE_TYPE_Q4_K, 16, 8, 512, 512, ROUTE_SOFTMAX, 2);
 }
 
 static double worst_dq[MOE_TYPE_COUNT], worst_dq16[MOE_TYPE_COUNT];

@@ -253,8 +253,8 @@ static double worst_down(const expert_weights *ew, const int32_t *ids, const flo
 }
 
 /* Both expert kernels once on the GPU (cuda_test_experts) against the CPU. */
-static moe_status check_experts(const expert_weights *ew, uint64_t *rng, double *worst_h, double *worst_y,
-                                moe_error *err) {
+static moe_status check_experts(const expert_weights *ew, int lanes_shift, uint64_t *rng, double *worst_h,
+                                double *worst_y, moe_error *err) {
     int32_t ids[TOP_K];
     float weights[TOP_K];
     for (int j = 0; j < TOP_K; j++) { /* distinct: expert j of every N_EXPERTS / TOP_K, shifted at random */
@@ -264,10 +264,10 @@ static moe_status check_experts(const expert_weights *ew, uint64_t *rng, double 
     float *x = gaussian_vector(N_EMBD, rng), *y0 = gaussian_vector(N_EMBD, rng);
     float *y = malloc(N_EMBD * sizeof *y), *h = malloc(TOP_K * N_FF * sizeof *h);
     float *deq = malloc(N_EMBD * sizeof *deq);
-    moe_status st = x && y0 && y && h && deq
-                        ? cuda_test_experts(ew->type, ew->type, N_EXPERTS, TOP_K, N_FF, N_EMBD, ew->gate, ew->up,
-                                            ew->down, ids, weights, NULL, 0, x, y0, h, y, err)
-                        : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    const cuda_test_expert_io io = {ew->type, ew->type, N_EXPERTS, TOP_K,       N_FF, N_EMBD, ew->gate, ew->up,
+                                    ew->down, ids,      weights,   NULL,  0, lanes_shift, x, y0, h, y};
+    moe_status st = x && y0 && y && h && deq ? cuda_test_experts(&io, err)
+                                             : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     if (st == MOE_OK) {
         *worst_h = worst_up(ew, ids, x, h, deq);
         *worst_y = worst_down(ew, ids, weights, h, y0, y, deq);
@@ -286,7 +286,7 @@ typedef struct lab_row {
     cuda_lab_timing t;
 } lab_row;
 
-enum { N_CHAINS = 3, N_TOPS = 5, TOP_VOCAB = 151936, N_CODES = 3 };
+enum { N_CHAINS = 3, N_TOPS = 5, TOP_VOCAB = 151936, N_CODES = 3, N_Q4K_VARIANTS = 3 };
 
 /* The sampling rows: the top n logits (and n_extra penalised) to the host,
  * n = 0: all of them. */
@@ -306,7 +306,7 @@ typedef struct lab_report {
     char device[256];
     int n_sm, reps;
     double bw_median, bw_min, bw_max;
-    lab_row gemv[N_LAB_TYPES * N_SHAPES], experts[N_LAB_TYPES * 2 + 2];
+    lab_row gemv[N_LAB_TYPES * N_SHAPES], experts[2 * (N_LAB_TYPES + N_Q4K_VARIANTS)];
     int n_gemv, n_experts;
     chain_row chains[N_CHAINS];
     top_row tops[N_TOPS];
@@ -480,36 +480,48 @@ static moe_status measure_gemv(lab_report *r, const weight_pool *pool, int shape
     return st;
 }
 
-/* The two expert kernels' rows; neighbours: each launch's experts side by
- * side in the slab (Q4_K only), beside the scattered ids a token picks,
- * to tell the addressing's cost (DRAM pages, TLB) from the bytes'. */
-static moe_status measure_experts_as(lab_report *r, const weight_pool *pool, uint64_t *rng, bool neighbours,
+/* A way to time the expert kernels besides the decode's own (Q4_K only):
+ * neighbours, each launch's experts side by side in the slab rather than
+ * scattered as a token's ids are (the addressing's cost: DRAM pages, TLB);
+ * lanes_shift, fewer lanes a row than the decode picks (more rows a warp,
+ * more loads a lane in flight). */
+typedef struct expert_variant {
+    bool neighbours;
+    int lanes_shift;
+} expert_variant;
+
+/* The two expert kernels' rows. */
+static moe_status measure_experts_as(lab_report *r, const weight_pool *pool, uint64_t *rng, expert_variant v,
                                      moe_error *err) {
     expert_weights ew = {pool->type, NULL, NULL, NULL, quant_row_bytes(pool->type, N_EMBD) * N_FF,
                          quant_row_bytes(pool->type, N_FF) * N_EMBD};
     lab_row *up = &r->experts[r->n_experts++], *down = &r->experts[r->n_experts++];
     up->type = down->type = quant_format_of(pool->type)->name;
-    const char *ids = neighbours ? ", neighbouring experts" : "";
-    snprintf(up->what, sizeof up->what, "ffn_up (gate + up + SwiGLU)%s", ids);
-    snprintf(down->what, sizeof down->what, "ffn_down (weighted, + residual)%s", ids);
+    char how[40] = "";
+    if (v.neighbours) snprintf(how, sizeof how, ", neighbouring experts");
+    if (v.lanes_shift) snprintf(how, sizeof how, ", 1/%d of the lanes", 1 << v.lanes_shift);
+    snprintf(up->what, sizeof up->what, "ffn_up (gate + up + SwiGLU)%s", how);
+    snprintf(down->what, sizeof down->what, "ffn_down (weighted, + residual)%s", how);
     const int64_t values = (int64_t)N_EXPERTS * N_FF * N_EMBD;
     ew.gate = pool_draw(pool, values, rng);
     ew.up = pool_draw(pool, values, rng);
     ew.down = pool_draw(pool, values, rng);
     double check_h = 0, check_y = 0;
-    moe_status st = ew.gate && ew.up && ew.down ? check_experts(&ew, rng, &check_h, &check_y, err)
+    moe_status st = ew.gate && ew.up && ew.down ? check_experts(&ew, v.lanes_shift, rng, &check_h, &check_y, err)
                                                 : moe_error_set(err, MOE_ERR_NOMEM, "out of memory for the experts");
     const bool up_ok = st == MOE_OK && judge(r, up, check_h), down_ok = st == MOE_OK && judge(r, down, check_y);
     if (up_ok && down_ok) /* one launch times both: a failure of either leaves both untimed */
-        st = cuda_lab_experts(pool->type, N_EXPERTS, TOP_K, neighbours, N_FF, N_EMBD, ew.gate, ew.up, ew.down,
-                              r->reps, &up->t, &down->t, err);
+        st = cuda_lab_experts(pool->type, N_EXPERTS, TOP_K, v.neighbours, v.lanes_shift, N_FF, N_EMBD, ew.gate, ew.up,
+                              ew.down, r->reps, &up->t, &down->t, err);
     free(ew.gate), free(ew.up), free(ew.down);
     return st;
 }
 
 static moe_status measure_experts(lab_report *r, const weight_pool *pool, uint64_t *rng, moe_error *err) {
-    moe_status st = measure_experts_as(r, pool, rng, false, err);
-    if (st == MOE_OK && pool->type == MOE_TYPE_Q4_K) st = measure_experts_as(r, pool, rng, true, err);
+    const expert_variant q4_k[N_Q4K_VARIANTS] = {{true, 0}, {false, 1}, {false, 2}};
+    moe_status st = measure_experts_as(r, pool, rng, (expert_variant){false, 0}, err);
+    for (int i = 0; i < N_Q4K_VARIANTS && st == MOE_OK && pool->type == MOE_TYPE_Q4_K; i++)
+        st = measure_experts_as(r, pool, rng, q4_k[i], err);
     return st;
 }
 
@@ -612,7 +624,8 @@ static void print_help(void) {
            "  - gemv_kernel on 4096 x 2048, 2048 x 4096 and the 151936 x 2048 output head;\n"
            "  - ffn_up and ffn_down on 128 experts (gate/up 768 x 2048, down 2048 x 768),\n"
            "    8 of them a launch by ids in device memory that change every launch\n"
-           "    (for Q4_K also 8 experts adjacent in the slab, to weigh the addressing);\n"
+           "    (for Q4_K also 8 experts adjacent in the slab, to weigh the addressing,\n"
+           "    and a half and a quarter of the decode's lanes per row);\n"
            "  - a chain of 1000 dependent launches (1 x 32, 3 blocks per SM x 256 and\n"
            "    1 per SM x 512 threads): plain on a stream, as one graph, as a graph with\n"
            "    PDL, and as one resident kernel whose links are parted by grid barriers;\n"

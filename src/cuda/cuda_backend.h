@@ -182,17 +182,30 @@ moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, cons
 /* The routed-expert kernels on slabs of n_experts experts (GGUF layout,
  * gate and up n_ff x n_embd, down n_embd x n_ff): h[k][n_ff] =
  * silu(gate_id x) * (up_id x) for the k experts ids[], then
- * y = y0 + sum_j w[j] down_{ids[j]} h_j. With logits (n_experts of them)
- * the kernels route themselves instead, as in the decode step: softmax
- * (sigmoid: 1/(1+e^-l)), the top k, their weights renormalised; ids and
- * weights are then not read (ffn_down takes what ffn_up's block 0
- * publishes). Given ids reach ffn_down late, from a launch it overlaps
- * (programmatic dependent launch): the ids it reads before its wait are
- * wrong, and it must take the right ones after. */
-moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, int k, int n_ff, int n_embd,
-                             const void *gate, const void *up, const void *down, const int32_t *ids,
-                             const float *weights, const float *logits, int sigmoid, const float *x, const float *y0,
-                             float *h, float *y, moe_error *err);
+ * y = y0 + sum_j w[j] down_{ids[j]} h_j.
+ * - With logits (n_experts of them) the kernels route themselves instead,
+ *   as in the decode step: softmax (sigmoid: 1/(1+e^-l)), the top k, their
+ *   weights renormalised. ids and weights are then not read: ffn_down
+ *   takes what ffn_up's block 0 publishes.
+ * - Given ids reach ffn_down late, from a launch it overlaps (programmatic
+ *   dependent launch): the ids it reads before its wait are wrong, and it
+ *   must take the right ones after.
+ * - lanes_shift: each kernel runs with its decode lanes per row >>
+ *   lanes_shift (at least 1), as `moe lab` times them. */
+typedef struct cuda_test_expert_io {
+    moe_type type, down_type;
+    int n_experts, k, n_ff, n_embd;
+    const void *gate, *up, *down;
+    const int32_t *ids;
+    const float *weights;
+    const float *logits; /* or NULL */
+    int sigmoid;
+    int lanes_shift;
+    const float *x, *y0;
+    float *h, *y; /* out */
+} cuda_test_expert_io;
+
+moe_status cuda_test_experts(const cuda_test_expert_io *io, moe_error *err);
 
 /* cuda_top_logits on logits[0..n_vocab) copied to the GPU, run twice. */
 moe_status cuda_test_top_logits(const float *logits, int n_vocab, int n, const int32_t *extra, int n_extra,
@@ -268,9 +281,10 @@ moe_status cuda_lab_gemv(moe_type type, int rows, int cols, const void *w, int r
                          moe_error *err);
 /* ffn_up (k experts of gate and up, n_ff x n_embd) and ffn_down (n_embd x
  * n_ff) by ids that change every launch: scattered over the slab, or
- * (neighbours) k adjacent experts; slabs as in cuda_test_experts. */
-moe_status cuda_lab_experts(moe_type type, int n_experts, int k, bool neighbours, int n_ff, int n_embd, const void *gate,
-                            const void *up, const void *down, int reps, cuda_lab_timing *up_out,
+ * (neighbours) k adjacent experts; slabs and lanes_shift as in
+ * cuda_test_experts. */
+moe_status cuda_lab_experts(moe_type type, int n_experts, int k, bool neighbours, int lanes_shift, int n_ff, int n_embd,
+                            const void *gate, const void *up, const void *down, int reps, cuda_lab_timing *up_out,
                             cuda_lab_timing *down_out, moe_error *err);
 /* What a sampled token pays to bring the top n of n_vocab logits (and
  * n_extra penalised ones) to the host (cuda_top_logits: launch, copies,

@@ -208,7 +208,7 @@ static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, i
     /* x comes from the o projection, two launches back when a router (or
      * the routed experts' launch) ran in between */
     a.act_ready = s->m->config.n_experts > 0 && live(s, CUDA_STAGE_ROUTER);
-    a.lanes = pick_lanes(units, f->n > 1 ? f->n / 2 : 1);
+    a.lanes = up_lanes(f, units);
     a.trace = trace;
     const size_t smem = gemv_smem(f->act, in.n);
     f->up(&a, grid_for(s, f, 1, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
@@ -237,7 +237,7 @@ static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const cuda_l
     }
     a.in = act_in{s->h + first, NULL, 0.0f, len};
     a.x = s->x;
-    a.lanes = pick_lanes(units, f->n);
+    a.lanes = down_lanes(f, units);
     a.trace = trace;
     const size_t smem = gemv_smem(f->act, len);
     int rows = n_routed ? down->rows : w->sh_down.rows;

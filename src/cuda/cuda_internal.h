@@ -244,6 +244,18 @@ inline int pick_lanes(int units, int n) {
     return lanes;
 }
 
+/* The expert kernels' lanes per row for rows of `units` (ffn_up loads a
+ * pair of rows at once, so half the units a lane), >> shift (at least 1:
+ * `moe lab` also times fewer lanes a row). */
+inline int up_lanes(const cuda_format *f, int units, int shift = 0) {
+    const int lanes = pick_lanes(units, f->n > 1 ? f->n / 2 : 1) >> shift;
+    return lanes > 0 ? lanes : 1;
+}
+inline int down_lanes(const cuda_format *f, int units, int shift = 0) {
+    const int lanes = pick_lanes(units, f->n) >> shift;
+    return lanes > 0 ? lanes : 1;
+}
+
 /* ---------------------------------------------------------------- a sequence (cuda_forward.cu) */
 
 /* A sequence's device state: KV cache, activations, the captured step. */

@@ -132,18 +132,18 @@ static cudaError_t down_behind_late_ids(const cuda_format *fd, const ffn_down_ar
     return cudaGetLastError();
 }
 
-moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, int k, int n_ff, int n_embd,
-                             const void *gate, const void *up, const void *down, const int32_t *ids,
-                             const float *weights, const float *logits, int sigmoid, const float *x, const float *y0,
-                             float *h, float *y, moe_error *err) {
-    const cuda_format *f = cuda_format_of(type), *fd = cuda_format_of(down_type);
-    if (!f || !fd) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA kernels for type %d or %d", (int)type, (int)down_type);
+moe_status cuda_test_experts(const cuda_test_expert_io *io, moe_error *err) {
+    const cuda_format *f = cuda_format_of(io->type), *fd = cuda_format_of(io->down_type);
+    if (!f || !fd)
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA kernels for type %d or %d", (int)io->type,
+                             (int)io->down_type);
+    const int k = io->k, n_ff = io->n_ff, n_embd = io->n_embd, n_experts = io->n_experts;
     if (k > MAX_EXPERTS_USED) return moe_error_set(err, MOE_ERR_RANGE, "k = %d > %d", k, MAX_EXPERTS_USED);
     test_buffers b;
     memset(&b, 0, sizeof b);
     dmat m[3];
-    int types[3] = {type, type, down_type}, rows[3] = {n_ff, n_ff, n_embd}, cols[3] = {n_embd, n_embd, n_ff};
-    const void *data[3] = {gate, up, down};
+    int types[3] = {io->type, io->type, io->down_type}, rows[3] = {n_ff, n_ff, n_embd}, cols[3] = {n_embd, n_embd, n_ff};
+    const void *data[3] = {io->gate, io->up, io->down};
     float *dx = NULL, *dh = NULL, *dy = NULL, *dw = NULL, *dlogits = NULL;
     int *dids = NULL, *dtruth = NULL;
     cudaStream_t stream = NULL;
@@ -153,35 +153,35 @@ moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, i
     if (st == MOE_OK) st = dev_alloc(&b, (void **)&dy, (size_t)n_embd * 4, err);
     if (st == MOE_OK) st = dev_alloc(&b, (void **)&dw, (size_t)k * 4, err);
     if (st == MOE_OK) st = dev_alloc(&b, (void **)&dids, (size_t)k * 4, err);
-    if (st == MOE_OK && logits) st = dev_alloc(&b, (void **)&dlogits, (size_t)n_experts * 4, err);
-    if (st == MOE_OK && !logits) st = dev_alloc(&b, (void **)&dtruth, (size_t)k * 4, err);
+    if (st == MOE_OK && io->logits) st = dev_alloc(&b, (void **)&dlogits, (size_t)n_experts * 4, err);
+    if (st == MOE_OK && !io->logits) st = dev_alloc(&b, (void **)&dtruth, (size_t)k * 4, err);
     if (st == MOE_OK) {
-        const route_spec route = {dlogits, n_experts, k, sigmoid, 1, 1.0f};
+        const route_spec route = {dlogits, n_experts, k, io->sigmoid, 1, 1.0f};
         ffn_up_args ua;
         memset(&ua, 0, sizeof ua);
         ua.in = act_in{dx, NULL, 0.0f, n_embd};
         ua.gate = m[0], ua.up = m[1], ua.n_routed = k, ua.ids = dids, ua.h = dh;
-        if (logits) ua.route = route, ua.route_ids = dids, ua.route_w = dw; /* ffn_down reads what ffn_up routed */
+        if (io->logits) ua.route = route, ua.route_ids = dids, ua.route_w = dw; /* ffn_down reads what ffn_up routed */
         ua.h_shared_off = k * n_ff;
-        ua.lanes = pick_lanes(m[0].units, f->n > 1 ? f->n / 2 : 1);
+        ua.lanes = up_lanes(f, m[0].units, io->lanes_shift);
         size_t su = gemv_smem(f->act, n_embd);
         ffn_down_args da;
         memset(&da, 0, sizeof da);
         da.in = act_in{dh, NULL, 0.0f, k * n_ff};
         da.down = m[2], da.n_routed = k, da.ids = dids, da.route_w = dw, da.routed_act_stride = n_ff, da.x = dy;
-        da.lanes = pick_lanes(k * m[2].units, fd->n);
+        da.lanes = down_lanes(fd, k * m[2].units, io->lanes_shift);
         size_t sd = gemv_smem(fd->act, k * n_ff);
         size_t most = su > sd ? su : sd;
-        cudaError_t e = cudaMemcpy(dx, x, (size_t)n_embd * 4, cudaMemcpyHostToDevice);
-        if (e == cudaSuccess) e = cudaMemcpy(dy, y0, (size_t)n_embd * 4, cudaMemcpyHostToDevice);
-        if (logits) { /* routed on the GPU: expert 0 and NaN weights unless ffn_up publishes its routing */
+        cudaError_t e = cudaMemcpy(dx, io->x, (size_t)n_embd * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess) e = cudaMemcpy(dy, io->y0, (size_t)n_embd * 4, cudaMemcpyHostToDevice);
+        if (io->logits) { /* routed on the GPU: expert 0 and NaN weights unless ffn_up publishes its routing */
             if (e == cudaSuccess) e = cudaMemset(dw, 0xff, (size_t)k * 4);
             if (e == cudaSuccess) e = cudaMemset(dids, 0, (size_t)k * 4);
+            if (e == cudaSuccess) e = cudaMemcpy(dlogits, io->logits, (size_t)n_experts * 4, cudaMemcpyHostToDevice);
         } else {
-            if (e == cudaSuccess) e = cudaMemcpy(dw, weights, (size_t)k * 4, cudaMemcpyHostToDevice);
-            if (e == cudaSuccess) e = cudaMemcpy(dids, ids, (size_t)k * 4, cudaMemcpyHostToDevice);
+            if (e == cudaSuccess) e = cudaMemcpy(dw, io->weights, (size_t)k * 4, cudaMemcpyHostToDevice);
+            if (e == cudaSuccess) e = cudaMemcpy(dids, io->ids, (size_t)k * 4, cudaMemcpyHostToDevice);
         }
-        if (e == cudaSuccess && logits) e = cudaMemcpy(dlogits, logits, (size_t)n_experts * 4, cudaMemcpyHostToDevice);
         if (e == cudaSuccess) e = cudaMemset(dh, 0xff, (size_t)k * n_ff * 4);
         if (e == cudaSuccess) e = cuda_allow_smem_all((int)most > 48 * 1024 ? (int)most : 48 * 1024);
         if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
@@ -190,16 +190,16 @@ moe_status cuda_test_experts(moe_type type, moe_type down_type, int n_experts, i
             e = cudaGetLastError();
         }
         if (e == cudaSuccess) e = cudaDeviceSynchronize();
-        if (e == cudaSuccess) e = cudaMemcpy(h, dh, (size_t)k * n_ff * 4, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(io->h, dh, (size_t)k * n_ff * 4, cudaMemcpyDeviceToHost);
         const int down_grid = test_grid(fd, 2, sd, n_embd, da.lanes);
-        if (e == cudaSuccess && logits) {
+        if (e == cudaSuccess && io->logits) {
             fd->down(&da, down_grid, sd, stream, false);
             e = cudaGetLastError();
         } else if (e == cudaSuccess) { /* given ids: also the path of a wrong guess */
-            e = down_behind_late_ids(fd, &da, down_grid, sd, dids, dtruth, ids, k, n_experts, stream);
+            e = down_behind_late_ids(fd, &da, down_grid, sd, dids, dtruth, io->ids, k, n_experts, stream);
         }
         if (e == cudaSuccess) e = cudaDeviceSynchronize();
-        if (e == cudaSuccess) e = cudaMemcpy(y, dy, (size_t)n_embd * 4, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(io->y, dy, (size_t)n_embd * 4, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             st = moe_error_set(err, MOE_ERR_IO, "expert test (%s/%s): %s", f->name, fd->name, cudaGetErrorName(e));

@@ -518,7 +518,7 @@ static moe_status upload_ids(lab_ctx *c, int **out, int n_launches, int k, int n
 /* The routed-expert shape and its device buffers. */
 struct expert_run {
     const cuda_format *f;
-    int k, n_ff, n_embd, reps;
+    int k, n_ff, n_embd, reps, lanes_shift;
     dmat gate, up, down;
     weight_copies wc;
     const int *ids; /* k per launch */
@@ -534,7 +534,7 @@ static moe_status time_up(lab_ctx *c, const expert_run &r, cuda_lab_timing *out)
     a.n_routed = r.k;
     a.h = r.h;
     a.h_shared_off = r.k * r.n_ff;
-    a.lanes = pick_lanes(r.gate.units, f->n > 1 ? f->n / 2 : 1);
+    a.lanes = up_lanes(f, r.gate.units, r.lanes_shift);
     const size_t smem = gemv_smem(f->act, r.n_embd);
     const int grid = grid_for(c, f, KERNEL_UP, smem, r.k * r.n_ff, a.lanes);
     const read_plan p = plan_for(f, r.gate, a.lanes, f->n > 1 ? f->n / 2 : 1, c->sink);
@@ -565,7 +565,7 @@ static moe_status time_down(lab_ctx *c, const expert_run &r, cuda_lab_timing *ou
     a.route_w = r.route_w;
     a.routed_act_stride = r.n_ff;
     a.x = r.residual;
-    a.lanes = pick_lanes(r.k * r.down.units, f->n);
+    a.lanes = down_lanes(f, r.k * r.down.units, r.lanes_shift);
     const size_t smem = gemv_smem(f->act, r.k * r.n_ff);
     const int grid = grid_for(c, f, KERNEL_DOWN, smem, r.n_embd, a.lanes);
     const read_plan p = plan_for(f, r.down, a.lanes, f->n, c->sink);
@@ -611,8 +611,8 @@ static moe_status lab_experts(lab_ctx *c, expert_run *r, int n_experts, bool nei
     return time_down(c, *r, down_out);
 }
 
-moe_status cuda_lab_experts(moe_type type, int n_experts, int k, bool neighbours, int n_ff, int n_embd, const void *gate,
-                            const void *up, const void *down, int reps, cuda_lab_timing *up_out,
+moe_status cuda_lab_experts(moe_type type, int n_experts, int k, bool neighbours, int lanes_shift, int n_ff, int n_embd,
+                            const void *gate, const void *up, const void *down, int reps, cuda_lab_timing *up_out,
                             cuda_lab_timing *down_out, moe_error *err) {
     memset(up_out, 0, sizeof *up_out);
     memset(down_out, 0, sizeof *down_out);
@@ -623,7 +623,7 @@ moe_status cuda_lab_experts(moe_type type, int n_experts, int k, bool neighbours
         return moe_error_set(err, MOE_ERR_RANGE, "%d experts a token of %d (at most %d)", k, n_experts, MAX_EXPERTS_USED);
     expert_run r;
     memset(&r, 0, sizeof r);
-    r.f = f, r.k = k, r.n_ff = n_ff, r.n_embd = n_embd, r.reps = reps;
+    r.f = f, r.k = k, r.n_ff = n_ff, r.n_embd = n_embd, r.reps = reps, r.lanes_shift = lanes_shift;
     lab_ctx c;
     moe_status st = lab_open(&c, err);
     if (st == MOE_OK) st = lab_experts(&c, &r, n_experts, neighbours, gate, up, down, up_out, down_out);
