@@ -158,20 +158,11 @@ static double rel_l2(const float *a, const float *b, size_t n) {
 /* How check_experts gives the kernels their experts. */
 enum { GIVEN_IDS, ROUTE_SOFTMAX, ROUTE_SIGMOID };
 
-/* The CPU's routing (route_tokens in cpu_forward.c, renormalised): the k
- * experts of the largest probabilities and their weights. */
+/* The CPU's routing (cpu_route, renormalised) of logits the caller keeps. */
 static void route_on_cpu(const float *logits, int n_experts, int k, bool sigmoid, int32_t *ids, float *weights) {
     float *p = xmalloc(sizeof(float) * n_experts);
-    int picked[32];
     memcpy(p, logits, sizeof(float) * n_experts);
-    if (sigmoid)
-        for (int e = 0; e < n_experts; e++) p[e] = 1.0f / (1.0f + expf(-p[e]));
-    else
-        cpu_softmax(p, n_experts);
-    cpu_top_k(p, n_experts, k, picked);
-    float sum = 0;
-    for (int j = 0; j < k; j++) sum += p[picked[j]];
-    for (int j = 0; j < k; j++) ids[j] = picked[j], weights[j] = p[picked[j]] / sum;
+    cpu_route(p, n_experts, k, sigmoid, true, 1.0f, ids, weights);
     free(p);
 }
 

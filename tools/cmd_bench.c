@@ -192,8 +192,8 @@ static void print_timeline(const report *r) {
                g->staged_last, g->worked_median, g->worked_last, g->done);
     }
     printf("\nMarks by thread 0 of each block (work done: after a block barrier in the matrix products, thread 0's "
-           "own in the attention and the router); done: the last block's work or epilogue (routing, the attention's "
-           "merge). Timer steps of %.0f ns seen.\n",
+           "own in the attention and the router; input staged for gate/up: routed, its input staged before the wait); "
+           "done: the last block's work or epilogue (the attention's merge). Timer steps of %.0f ns seen.\n",
            t->resolution_ns);
 }
 #endif

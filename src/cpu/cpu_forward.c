@@ -216,21 +216,9 @@ static int swiglu_ffn(cpu_state *s, const matrix *gate, const matrix *up, const 
 static void route_tokens(cpu_state *s, int n) {
     const model_config *c = &s->m->config;
     int k = c->n_experts_used;
-    for (int t = 0; t < n; t++) {
-        float *logits = s->router + (int64_t)t * c->n_experts;
-        int *ids = s->route_ids + (int64_t)t * k;
-        float *weights = s->route_w + (int64_t)t * k;
-        if (c->gating == GATING_SOFTMAX) cpu_softmax(logits, c->n_experts);
-        else
-            for (int e = 0; e < c->n_experts; e++) logits[e] = 1.0f / (1.0f + expf(-logits[e]));
-        cpu_top_k(logits, c->n_experts, k, ids);
-        float sum = 0;
-        for (int j = 0; j < k; j++) sum += weights[j] = logits[ids[j]];
-        for (int j = 0; j < k; j++) {
-            if (c->norm_topk) weights[j] /= sum;
-            weights[j] *= c->expert_weights_scale;
-        }
-    }
+    for (int t = 0; t < n; t++)
+        cpu_route(s->router + (int64_t)t * c->n_experts, c->n_experts, k, c->gating == GATING_SIGMOID, c->norm_topk,
+                  c->expert_weights_scale, s->route_ids + (int64_t)t * k, s->route_w + (int64_t)t * k);
 }
 
 static matrix expert_matrix(const expert_set *set, int e) {

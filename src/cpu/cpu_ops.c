@@ -48,6 +48,21 @@ void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+void cpu_route(float *logits, int n_experts, int k, bool sigmoid, bool norm_topk, float scale, int *ids,
+               float *weights) {
+    if (sigmoid)
+        for (int e = 0; e < n_experts; e++) logits[e] = 1.0f / (1.0f + expf(-logits[e]));
+    else
+        cpu_softmax(logits, n_experts);
+    cpu_top_k(logits, n_experts, k, ids);
+    float sum = 0;
+    for (int j = 0; j < k; j++) sum += weights[j] = logits[ids[j]];
+    for (int j = 0; j < k; j++) {
+        if (norm_topk) weights[j] /= sum;
+        weights[j] *= scale;
+    }
+}
+
 void cpu_top_k(const float *x, int n, int k, int *ids) {
     /* k is small (<= 16 in every model we run): insertion into a sorted list. */
     int count = 0;

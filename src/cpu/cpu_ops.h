@@ -29,4 +29,11 @@ void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n);
  * descending value. */
 void cpu_top_k(const float *x, int n, int k, int *ids);
 
+/* One token's routing: logits[0..n_experts) become probabilities in place
+ * (softmax, or 1/(1+e^-l) when sigmoid), the k largest go to ids, and
+ * their probabilities, divided by their sum when norm_topk, times scale,
+ * to weights. */
+void cpu_route(float *logits, int n_experts, int k, bool sigmoid, bool norm_topk, float scale, int *ids,
+               float *weights);
+
 #endif

@@ -142,7 +142,7 @@ moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cu
  * step captured with that layer's launches marking the GPU's global timer
  * (thread 0 of every block: at entry, when its wait for the launch before
  * returns, when its input is staged, when its work is done, and when the
- * last block's epilogue -- routing, the attention's merge -- is done),
+ * last block's epilogue -- the attention's merge -- is done),
  * replayed `reps` times at position pos. Microseconds from the first wait
  * of the layer's first launch; each the median over the replays. */
 typedef struct cuda_timeline_stage {

@@ -45,7 +45,7 @@ struct act_in {
     int n;
 };
 
-/* Routing as route_tokens in cpu_forward.c: softmax (gating 0) or
+/* Routing as cpu_route (src/cpu/cpu_ops.c): softmax (gating 0) or
  * sigmoid over the router's logits, the k largest, their weights
  * renormalised (norm_topk) and scaled. */
 struct route_spec {
@@ -244,11 +244,14 @@ inline int pick_lanes(int units, int n) {
     return lanes;
 }
 
-/* The expert kernels' lanes per row for rows of `units` (ffn_up loads a
- * pair of rows at once, so half the units a lane), >> shift (at least 1:
- * `moe lab` also times fewer lanes a row). */
+/* Units a lane of ffn_up takes from each row of a batch: it loads a pair
+ * of rows (gate and up) at once, so half the format's (pair_batch's NP). */
+inline int up_units(const cuda_format *f) { return f->n > 1 ? f->n / 2 : 1; }
+
+/* The expert kernels' lanes per row for rows of `units`, >> shift (at
+ * least 1: `moe lab` also times fewer lanes a row). */
 inline int up_lanes(const cuda_format *f, int units, int shift = 0) {
-    const int lanes = pick_lanes(units, f->n > 1 ? f->n / 2 : 1) >> shift;
+    const int lanes = pick_lanes(units, up_units(f)) >> shift;
     return lanes > 0 ? lanes : 1;
 }
 inline int down_lanes(const cuda_format *f, int units, int shift = 0) {

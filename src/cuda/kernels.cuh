@@ -492,8 +492,7 @@ __device__ __forceinline__ float route_key_prob(uint32_t hi) {
     return __uint_as_float(hi & 0x80000000u ? hi & 0x7fffffffu : ~hi);
 }
 
-/* One warp routes one token, in registers: route_tokens in cpu_forward.c
- * on the logits at r.logits, the k experts and their weights to
+/* One warp routes one token, in registers: cpu_route on the logits at r.logits, the k experts and their weights to
  * ids[0..k) and weights[0..k) (lanes < k write; weights may be NULL). No
  * block barrier and no shared memory, so every block of ffn_up routes for
  * itself instead of waiting on a router's last block (decode-plan fact

@@ -537,7 +537,7 @@ static moe_status time_up(lab_ctx *c, const expert_run &r, cuda_lab_timing *out)
     a.lanes = up_lanes(f, r.gate.units, r.lanes_shift);
     const size_t smem = gemv_smem(f->act, r.n_embd);
     const int grid = grid_for(c, f, KERNEL_UP, smem, r.k * r.n_ff, a.lanes);
-    const read_plan p = plan_for(f, r.gate, a.lanes, f->n > 1 ? f->n / 2 : 1, c->sink);
+    const read_plan p = plan_for(f, r.gate, a.lanes, up_units(f), c->sink);
     describe(out, f, KERNEL_UP, smem, grid, a.lanes, p, r.wc, r.k * (dmat_bytes(r.gate) + dmat_bytes(r.up)));
     moe_status st = time_batches(c, out->batch, r.reps, [&](int i) {
         a.gate = on_copy(r.gate, r.wc, i % r.wc.n);
@@ -803,7 +803,7 @@ moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps
  * warp: ns[0] gets the time from its first instruction to its last. In
  * the decode step each layer's weights stream through L2 and evict the
  * code of the layer before, and code run by one block (a last block's
- * merge or routing) is fetched by that block alone. */
+ * merge) or one warp (ffn_up's routing) is fetched by it alone. */
 template <int KB>
 __global__ void code_kernel(float *out, uint64_t *ns) {
     const uint64_t t0 = global_ns();
