@@ -208,14 +208,42 @@ __device__ __forceinline__ void quantize_chunk(int kind, const float *v, int c, 
     }
 }
 
-/* Normalise and quantize `in` into shared memory as `kind`. When gate_w is
- * given, also computes sigmoid(dot(normalised input, gate_w)) and block 0
- * stores it in *gate_out (the shared expert's gate). Ends with a barrier. */
-__device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
-                                          float *gate_out) {
+/* Values [256 c + 8 lane, +8) of `in` (v) and of its norm weights (w),
+ * zeros past the end (n is a multiple of 32: all 8 or none). */
+__device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, float *w) {
+    const int base = c * 256 + (threadIdx.x & 31) * 8;
+#pragma unroll
+    for (int k = 0; k < 8; k++) v[k] = 0.0f, w[k] = 1.0f;
+    if (base >= in.n) return;
+    load8(in.src + base, v);
+    if (in.norm) load8(in.norm + base, w);
+}
+
+__device__ __forceinline__ double chunk_squares(const float *v) {
+    double ss = 0.0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) ss += (double)v[k] * v[k];
+    return ss;
+}
+
+/* The shared expert's gate, sigmoid(dot(normalised input, gate_w)), to
+ * *gate_out by block 0. */
+__device__ __forceinline__ void shared_gate(const act_in &in, float scale, const float *gate_w, float *gate_out,
+                                            float *scratch) {
+    float dot = 0.0f;
+    for (int i = threadIdx.x; i < in.n; i += blockDim.x) {
+        float v = in.src[i];
+        if (in.norm) v = v * scale * in.norm[i];
+        dot += v * gate_w[i];
+    }
+    dot = block_sum(dot, scratch);
+    if (threadIdx.x == 0 && blockIdx.x == 0) *gate_out = 1.0f / (1.0f + expf(-dot));
+}
+
+/* stage_act for the float formats: the input as f32, normalised when asked. */
+__device__ __forceinline__ void stage_f32(const act_in &in, float *f, const float *gate_w, float *gate_out,
+                                          float *scratch) {
     const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
-    const int lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
-    float *scratch = (float *)(smem + act_bytes(kind, n));
     float scale = 1.0f;
     if (in.norm) {
         double ss = 0.0;
@@ -225,47 +253,55 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
         }
         scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
     }
-    if (gate_w) {
-        float dot = 0.0f;
-        for (int i = tid; i < n; i += nt) {
-            float v = in.src[i];
-            if (in.norm) v = v * scale * in.norm[i];
-            dot += v * gate_w[i];
+    if (gate_w) shared_gate(in, scale, gate_w, gate_out, scratch);
+    for (int i = tid * 4; i < n; i += nt * 4) {
+        float4 v = *(const float4 *)(in.src + i);
+        if (in.norm) {
+            float4 w = *(const float4 *)(in.norm + i);
+            v.x = v.x * scale * w.x, v.y = v.y * scale * w.y, v.z = v.z * scale * w.z, v.w = v.w * scale * w.w;
         }
-        dot = block_sum(dot, scratch);
-        if (tid == 0 && blockIdx.x == 0) *gate_out = 1.0f / (1.0f + expf(-dot));
+        *(float4 *)(f + i) = v;
     }
+    __syncthreads();
+}
+
+/* Normalise and quantize `in` into shared memory as `kind`. When gate_w is
+ * given, also computes sigmoid(dot(normalised input, gate_w)) and block 0
+ * stores it in *gate_out (the shared expert's gate). Ends with a barrier. */
+__device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
+                                          float *gate_out) {
+    const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
+    const int warp = tid >> 5, nw = nt >> 5;
+    float *scratch = (float *)(smem + act_bytes(kind, n));
     if (kind == ACT_F32) {
-        float *f = (float *)smem;
-        for (int i = tid * 4; i < n; i += nt * 4) {
-            float4 v = *(const float4 *)(in.src + i);
-            if (in.norm) {
-                float4 w = *(const float4 *)(in.norm + i);
-                v.x = v.x * scale * w.x, v.y = v.y * scale * w.y, v.z = v.z * scale * w.z, v.w = v.w * scale * w.w;
-            }
-            *(float4 *)(f + i) = v;
-        }
-        __syncthreads();
+        stage_f32(in, (float *)smem, gate_w, gate_out, scratch);
         return;
     }
-    const act_dest dest = act_dest_of(smem, n);
     /* A warp takes 256 values, 8 per lane: lane l holds [256 c + 8 l, +8).
-     * (Two chunks a round, their loads issued together, made the kernels'
-     * code 8-20% larger and the step slower: bench/decode-plan.md, fact 20.) */
-    for (int c = warp; c * 256 < n; c += nw) {
-        const int base = c * 256 + lane * 8;
-        const bool valid = base < n;
-        float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        if (valid) {
-            load8(in.src + base, v);
-            if (in.norm) {
-                float w[8];
-                load8(in.norm + base, w);
-#pragma unroll
-                for (int k = 0; k < 8; k++) v[k] = v[k] * scale * w[k];
-            }
+     * Its first chunk, with the norm's weights, is loaded once for both the
+     * sum of squares and the codes: one L2 round trip for a normalised input
+     * up to 256 values a warp (4096 in a block), not two. (Two chunks a
+     * round, their loads issued together, made the kernels' code 8-20%
+     * larger and the step slower: bench/decode-plan.md, fact 20.) */
+    float v[8], w[8];
+    load_chunk(in, warp, v, w);
+    float scale = 1.0f;
+    if (in.norm) {
+        double ss = chunk_squares(v);
+        for (int c = warp + nw; c * 256 < n; c += nw) {
+            float v2[8], w2[8];
+            load_chunk(in, c, v2, w2);
+            ss += chunk_squares(v2);
         }
-        quantize_chunk(kind, v, c, valid, dest);
+        scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
+    }
+    if (gate_w) shared_gate(in, scale, gate_w, gate_out, scratch);
+    const act_dest dest = act_dest_of(smem, n);
+    for (int c = warp; c * 256 < n; c += nw) {
+        if (c != warp) load_chunk(in, c, v, w);
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = v[k] * scale * w[k];
+        quantize_chunk(kind, v, c, c * 256 + (tid & 31) * 8 < n, dest);
     }
     __syncthreads();
 }
