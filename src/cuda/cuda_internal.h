@@ -32,7 +32,24 @@ struct dmat {
     int64_t meta_expert_stride; /* bytes between experts' meta */
     int rows, cols, units;      /* units: the 16-byte work items of a row */
     int type;                   /* moe_type */
+    unsigned units_magic;       /* ceil(2^32 / units): see unit_term */
+    unsigned rows_magic;        /* ceil(2^32 / rows): see expert_of_row */
 };
+
+/* ceil(2^32 / d) for d >= 2 (0 for d = 1): t / d = umulhi(t, magic) for
+ * every t with t * d < 2^32 (the error t * (magic - 2^32 / d) / 2^32 stays
+ * below the 1 / d that separates t / d from the next integer). */
+inline unsigned div_magic(int d) { return d > 1 ? (unsigned)((((uint64_t)1 << 32) + d - 1) / (uint64_t)d) : 0u; }
+
+/* t / d by div_magic's multiply-high, not a division (some twenty
+ * instructions, in every unit of the expert kernels). */
+__host__ __device__ inline int div_by_magic(int t, int d, unsigned magic) {
+#ifdef __CUDA_ARCH__
+    return d == 1 ? t : (int)__umulhi((unsigned)t, magic);
+#else
+    return d == 1 ? t : (int)(((uint64_t)(unsigned)t * magic) >> 32);
+#endif
+}
 
 /* ---------------------------------------------------------------- kernel arguments */
 

@@ -125,6 +125,8 @@ moe_status upload_rows(uploader *u, int type, int n_experts, const uint8_t *cons
     out->cols = (int)cols;
     out->units = nb * f->units;
     out->type = type;
+    out->units_magic = div_magic(out->units);
+    out->rows_magic = div_magic(out->rows);
     if (u->dry) return MOE_OK;
     for (int e = 0; e < n_experts; e++) {
         if (!f->repack && row_stride == src_row) { /* the GGUF rows are the device rows */
@@ -237,6 +239,12 @@ static moe_status check_config(const model_config *c, moe_error *err) {
     if (c->n_experts > MAX_ROUTED_EXPERTS)
         return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the CUDA backend routes among at most %d experts, not %d",
                              MAX_ROUTED_EXPERTS, c->n_experts);
+    /* the FFN kernels divide their flattened streams of rows and units by div_magic */
+    const uint64_t k = c->n_experts ? (uint64_t)c->n_experts_used : 1, rows = c->n_experts ? c->n_ff_expert : c->n_ff;
+    if (k * rows * rows >= ((uint64_t)1 << 32))
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED,
+                             "the CUDA FFN kernels need experts a token x rows^2 below 2^32, not %d x %d^2", (int)k,
+                             (int)rows);
     return MOE_OK;
 }
 

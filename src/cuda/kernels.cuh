@@ -445,7 +445,7 @@ __device__ __forceinline__ void load_terms(unit_batch<F> &b, const dmat &m, int 
     for (int k = 0; k < F::N; k++) {
         const int t = t0 + k * L;
         if (t < total) {
-            const int j = t / U, e = id_of(j);
+            const int j = div_by_magic(t, U, m.units_magic), e = id_of(j);
             b.r[k] = F::load(m.body + e * m.expert_stride + (int64_t)row * m.row_stride,
                              m.meta + e * m.meta_expert_stride + (int64_t)row * m.meta_row_stride, t - j * U);
         }
@@ -470,14 +470,15 @@ __device__ __forceinline__ void load_first_terms(term_batches<F> &f, const dmat 
 
 /* One batch of terms (units t0, t0 + L, ...) against the activation. */
 template <class F>
-__device__ __forceinline__ float dot_term_batch(const unit_batch<F> &b, int t0, int U, int total, const float *w,
+__device__ __forceinline__ float dot_term_batch(const unit_batch<F> &b, int t0, const dmat &m, int total, const float *w,
                                                 int act_stride, const act_view &a, int L) {
+    const int U = m.units;
     float acc = 0.0f;
 #pragma unroll
     for (int k = 0; k < F::N; k++) {
         const int t = t0 + k * L;
         if (t < total) {
-            const int j = t / U;
+            const int j = div_by_magic(t, U, m.units_magic);
             acc += w[j] * F::dot(b.r[k], a, j * act_stride, t - j * U);
         }
     }
@@ -493,11 +494,11 @@ __device__ __forceinline__ float dot_terms(const dmat &m, int row, int T, const 
     int t0 = sub;
     if (first) /* unrolled: the batches stay in registers */
 #pragma unroll
-        for (int i = 0; i < TERM_BATCHES; i++, t0 += step) acc += dot_term_batch<F>(first->b[i], t0, U, total, w, act_stride, a, L);
+        for (int i = 0; i < TERM_BATCHES; i++, t0 += step) acc += dot_term_batch<F>(first->b[i], t0, m, total, w, act_stride, a, L);
     for (; t0 < total; t0 += step) {
         unit_batch<F> b;
         load_terms<F>(b, m, row, T, [&](int j) { return ids ? ids[j] : 0; }, t0, L);
-        acc += dot_term_batch<F>(b, t0, U, total, w, act_stride, a, L);
+        acc += dot_term_batch<F>(b, t0, m, total, w, act_stride, a, L);
     }
     return acc;
 }
@@ -771,7 +772,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     const int R = a.gate.rows, routed_rows = a.n_routed * R;
     const int total = routed_rows + (a.has_shared ? a.sh_gate.rows : 0);
     const int start = (blockIdx.x * GEMV_WARPS + warp) * G, stride = gridDim.x * GEMV_WARPS * G;
-    /* row -> the gate and up rows it multiplies and where h goes */
     struct pair_rows {
         const uint8_t *gb, *gm, *ub, *um;
         int out;
@@ -779,7 +779,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     __shared__ int slot_ids[MAX_EXPERTS_USED];
     auto locate = [&](int row) {
         const bool routed = row < routed_rows;
-        const int j = routed ? row / R : 0, r = routed ? row - j * R : row - routed_rows;
+        const int j = routed ? div_by_magic(row, R, a.gate.rows_magic) : 0, r = routed ? row - j * R : row - routed_rows;
         const int e = routed ? slot_ids[j] : 0;
         const dmat &mg = routed ? a.gate : a.sh_gate, &mu = routed ? a.up : a.sh_up;
         pair_rows p;
@@ -867,6 +867,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     __shared__ int guessed[MAX_EXPERTS_USED], ids[MAX_EXPERTS_USED];
     __shared__ float weights[MAX_EXPERTS_USED];
     __shared__ float sh_weight;
+    __shared__ int guessed_wrong;
     const int L = a.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane & (L - 1), grp = lane / L;
     const int total = a.n_routed ? a.down.rows : a.sh_down.rows;
@@ -878,6 +879,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
      * lets the first rows load before it; checked after the wait. */
     if (a.n_routed) {
         if (threadIdx.x < a.n_routed) guessed[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
+        if (threadIdx.x == 0) guessed_wrong = 0;
         __syncthreads();
     }
     term_batches<F> first;
@@ -897,13 +899,12 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     if (threadIdx.x < a.n_routed) {
         ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
         weights[threadIdx.x] = a.route_w ? __ldcg(a.route_w + threadIdx.x) : 1.0f;
+        if (ids[threadIdx.x] != guessed[threadIdx.x]) guessed_wrong = 1;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
     stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
-    bool guessed_right = true;
-    for (int j = 0; j < a.n_routed; j++) guessed_right &= guessed[j] == ids[j];
-    if (!guessed_right && start + grp < total) /* the rows loaded before the wait are the wrong experts' */
+    if (a.n_routed && guessed_wrong && start + grp < total) /* the rows loaded before the wait are the wrong experts' */
         load_first_terms<F>(first, a.down, start + grp, a.n_routed, [&](int j) { return ids[j]; }, sub, L);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     auto do_row = [&](int base, const term_batches<F> *pre) {
