@@ -772,9 +772,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     const int R = a.gate.rows, routed_rows = a.n_routed * R;
     const int total = routed_rows + (a.has_shared ? a.sh_gate.rows : 0);
     const int start = (blockIdx.x * GEMV_WARPS + warp) * G, stride = gridDim.x * GEMV_WARPS * G;
+    /* row -> the gate and up rows it multiplies */
     struct pair_rows {
         const uint8_t *gb, *gm, *ub, *um;
-        int out;
     };
     __shared__ int slot_ids[MAX_EXPERTS_USED];
     auto locate = [&](int row) {
@@ -787,7 +787,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         p.gm = mg.meta + e * mg.meta_expert_stride + (int64_t)r * mg.meta_row_stride;
         p.ub = mu.body + e * mu.expert_stride + (int64_t)r * mu.row_stride;
         p.um = mu.meta + e * mu.meta_expert_stride + (int64_t)r * mu.meta_row_stride;
-        p.out = routed ? row : a.h_shared_off + r;
         return p;
     };
     const int U = a.n_routed ? a.gate.units : a.sh_gate.units;
@@ -823,38 +822,48 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         trace_mark(a.trace, TRACE_STAGED);
     }
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
-    auto run = [&](auto dot_pair) {
-        auto do_row = [&](int base, const pair_batch<F> *pre) {
-            const int row = base + grp;
-            const bool valid = row < total;
-            float g = 0.0f, u = 0.0f;
-            int out = 0;
-            if (valid) {
-                const pair_rows p = locate(row);
-                out = p.out;
-                dot_pair(p, pre, &g, &u);
-            }
-            g = group_sum(g, L);
-            u = group_sum(u, L);
-            if (valid && sub == 0) a.h[out] = g / (1.0f + expf(-g)) * u; /* cpu_swiglu */
-        };
-        for_each_row(start, stride, total, first, do_row);
+    /* a row's lanes' partial sums of gate and up: h to its place (every lane calls it) */
+    auto finish_row = [&](int row, float g, float u) {
+        g = group_sum(g, L);
+        u = group_sum(u, L);
+        if (row < total && sub == 0)
+            a.h[row < routed_rows ? row : a.h_shared_off + row - routed_rows] = g / (1.0f + expf(-g)) * u; /* cpu_swiglu */
     };
     constexpr int NP = pair_batch<F>::NP;
     if constexpr (ACT_REGS) {
+        /* One batch a row: the activation in registers, and each row's
+         * batch loaded before the row before it is multiplied, so that a
+         * warp's rows (about three for Qwen3's 8 x 768) overlap their round
+         * trips instead of taking one each. */
         act_batch<F, NP> x;
         load_acts<F, NP>(x, av, 0, U, sub, L);
-        run([&](const pair_rows &p, const pair_batch<F> *pre, float *g, float *u) {
-            pair_batch<F> b;
-            if (pre) b = *pre;
-            else load_pair<F>(b, p.gb, p.gm, p.ub, p.um, U, sub, L);
-            *g = dot_batch_act<F, NP>(b.a, x, U, sub, L, av);
-            *u = dot_batch_act<F, NP>(b.b, x, U, sub, L, av);
-        });
+        pair_batch<F> b = first;
+        for (int base = start; base < total; base += stride) {
+            const int row = base + grp;
+            pair_batch<F> next;
+            if (row + stride < total) {
+                const pair_rows p = locate(row + stride);
+                load_pair<F>(next, p.gb, p.gm, p.ub, p.um, U, sub, L);
+            }
+            float g = 0.0f, u = 0.0f;
+            if (row < total) {
+                g = dot_batch_act<F, NP>(b.a, x, U, sub, L, av);
+                u = dot_batch_act<F, NP>(b.b, x, U, sub, L, av);
+            }
+            finish_row(row, g, u);
+            b = next;
+        }
     } else {
-        run([&](const pair_rows &p, const pair_batch<F> *pre, float *g, float *u) {
-            dot_units_pair<F>(p.gb, p.gm, p.ub, p.um, U, av, L, sub, g, u, pre);
-        });
+        auto do_row = [&](int base, const pair_batch<F> *pre) {
+            const int row = base + grp;
+            float g = 0.0f, u = 0.0f;
+            if (row < total) {
+                const pair_rows p = locate(row);
+                dot_units_pair<F>(p.gb, p.gm, p.ub, p.um, U, av, L, sub, &g, &u, pre);
+            }
+            finish_row(row, g, u);
+        };
+        for_each_row(start, stride, total, first, do_row);
     }
     trace_block_mark(a.trace, TRACE_WORKED);
 }
