@@ -208,15 +208,16 @@ __device__ __forceinline__ void quantize_chunk(int kind, const float *v, int c, 
     }
 }
 
-/* Values [256 c + 8 lane, +8) of `in` (v) and of its norm weights (w),
- * zeros past the end (n is a multiple of 32: all 8 or none). */
-__device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, float *w) {
+/* Values [256 c + 8 lane, +8) of `in` (v) and, with norm_too, of its norm
+ * weights (w; ones without), zeros past the end (n is a multiple of 32:
+ * all 8 or none). */
+__device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, float *w, bool norm_too) {
     const int base = c * 256 + (threadIdx.x & 31) * 8;
 #pragma unroll
     for (int k = 0; k < 8; k++) v[k] = 0.0f, w[k] = 1.0f;
     if (base >= in.n) return;
     load8(in.src + base, v);
-    if (in.norm) load8(in.norm + base, w);
+    if (norm_too && in.norm) load8(in.norm + base, w);
 }
 
 __device__ __forceinline__ double chunk_squares(const float *v) {
@@ -267,9 +268,12 @@ __device__ __forceinline__ void stage_f32(const act_in &in, float *f, const floa
 
 /* Normalise and quantize `in` into shared memory as `kind`. When gate_w is
  * given, also computes sigmoid(dot(normalised input, gate_w)) and block 0
- * stores it in *gate_out (the shared expert's gate). Ends with a barrier. */
+ * stores it in *gate_out (the shared expert's gate). `lean`: the input is
+ * read twice, for the norm's sum of squares and then for the codes (a
+ * second round trip, but no chunk held in registers beside the kernel's
+ * first batch). Ends with a barrier. */
 __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
-                                          float *gate_out) {
+                                          float *gate_out, bool lean = false) {
     const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
     const int warp = tid >> 5, nw = nt >> 5;
     float *scratch = (float *)(smem + act_bytes(kind, n));
@@ -284,13 +288,13 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
      * round, their loads issued together, made the kernels' code 8-20%
      * larger and the step slower: bench/decode-plan.md, fact 20.) */
     float v[8], w[8];
-    load_chunk(in, warp, v, w);
+    if (!lean) load_chunk(in, warp, v, w, true);
     float scale = 1.0f;
     if (in.norm) {
-        double ss = chunk_squares(v);
-        for (int c = warp + nw; c * 256 < n; c += nw) {
+        double ss = lean ? 0.0 : chunk_squares(v);
+        for (int c = lean ? warp : warp + nw; c * 256 < n; c += nw) {
             float v2[8], w2[8];
-            load_chunk(in, c, v2, w2);
+            load_chunk(in, c, v2, w2, false);
             ss += chunk_squares(v2);
         }
         scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
@@ -298,7 +302,7 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
     if (gate_w) shared_gate(in, scale, gate_w, gate_out, scratch);
     const act_dest dest = act_dest_of(smem, n);
     for (int c = warp; c * 256 < n; c += nw) {
-        if (c != warp) load_chunk(in, c, v, w);
+        if (lean || c != warp) load_chunk(in, c, v, w, true);
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] = v[k] * scale * w[k];
         quantize_chunk(kind, v, c, c * 256 + (tid & 31) * 8 < n, dest);
@@ -668,7 +672,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     pdl_wait();
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    stage_act(F::ACT, a.in, smem, NULL, NULL);
+    /* lean for the output head (ROWS_ACT): two blocks a multiprocessor (moe lab: Q6_K 75 us, 77 at one) */
+    stage_act(F::ACT, a.in, smem, NULL, NULL, ROWS == ROWS_ACT);
     trace_mark(a.trace, TRACE_STAGED);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     float best = -INFINITY;
