@@ -208,16 +208,15 @@ __device__ __forceinline__ void quantize_chunk(int kind, const float *v, int c, 
     }
 }
 
-/* Values [256 c + 8 lane, +8) of `in` (v) and, with norm_too, of its norm
- * weights (w; ones without), zeros past the end (n is a multiple of 32:
- * all 8 or none). */
-__device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, float *w, bool norm_too) {
+/* Values [256 c + 8 lane, +8) of `in` (v) and of its norm weights (w),
+ * zeros past the end (n is a multiple of 32: all 8 or none). */
+__device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, float *w) {
     const int base = c * 256 + (threadIdx.x & 31) * 8;
 #pragma unroll
     for (int k = 0; k < 8; k++) v[k] = 0.0f, w[k] = 1.0f;
     if (base >= in.n) return;
     load8(in.src + base, v);
-    if (norm_too && in.norm) load8(in.norm + base, w);
+    if (in.norm) load8(in.norm + base, w);
 }
 
 __device__ __forceinline__ double chunk_squares(const float *v) {
@@ -271,21 +270,11 @@ __device__ __forceinline__ void stage_f32(const act_in &in, float *f, const floa
     __syncthreads();
 }
 
-/* What stage_act holds in registers, beside the kernel's first batch:
- * STAGE_FIRST, a warp's first chunk from before the norm's sum of squares
- * to its codes (one L2 round trip for a normalised input of up to 256
- * values a warp); STAGE_LEAN, nothing (the input is read twice, for the
- * sum and for the codes; the output head keeps two blocks a
- * multiprocessor); STAGE_AHEAD, as STAGE_FIRST and also the warp's next
- * chunk in flight while one is quantized (ffn_down's 24 chunks). */
-enum { STAGE_FIRST, STAGE_LEAN, STAGE_AHEAD };
-
 /* Normalise and quantize `in` into shared memory as `kind`. When gate_w is
  * given, also computes sigmoid(dot(normalised input, gate_w)) and block 0
- * stores it in *gate_out (the shared expert's gate). `regs`: what a lane
- * holds in registers (stage_regs). Ends with a barrier. */
+ * stores it in *gate_out (the shared expert's gate). Ends with a barrier. */
 __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
-                                          float *gate_out, int regs = STAGE_FIRST) {
+                                          float *gate_out) {
     const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
     const int warp = tid >> 5, nw = nt >> 5;
     float *scratch = (float *)(smem + act_bytes(kind, n));
@@ -293,32 +282,28 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
         stage_f32(in, (float *)smem, gate_w, gate_out, scratch);
         return;
     }
-    /* A warp takes chunks of 256 values, 8 per lane: lane l holds [256 c +
-     * 8 l, +8) (stage_regs: which of them stay in registers). */
-    const bool lean = regs == STAGE_LEAN;
+    /* A warp takes 256 values, 8 per lane: lane l holds [256 c + 8 l, +8).
+     * Its first chunk, with the norm's weights, is loaded once for both the
+     * sum of squares and the codes: one L2 round trip for a normalised input
+     * up to 256 values a warp (4096 in a block), not two. (Two chunks a
+     * round, their loads issued together, made the kernels' code 8-20%
+     * larger and the step slower: bench/decode-plan.md, fact 20.) */
     float v[8], w[8];
-    if (!lean) load_chunk(in, warp, v, w, true);
+    load_chunk(in, warp, v, w);
     float scale = 1.0f;
     if (in.norm) {
-        double ss = lean ? 0.0 : chunk_squares(v);
-        for (int c = lean ? warp : warp + nw; c * 256 < n; c += nw) {
+        double ss = chunk_squares(v);
+        for (int c = warp + nw; c * 256 < n; c += nw) {
             float v2[8], w2[8];
-            load_chunk(in, c, v2, w2, false);
+            load_chunk(in, c, v2, w2);
             ss += chunk_squares(v2);
         }
         scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
     }
     if (gate_w) shared_gate(in, scale, gate_w, gate_out, scratch);
     const act_dest dest = act_dest_of(smem, n);
-    float v_next[8], w_next[8]; /* STAGE_AHEAD's */
     for (int c = warp; c * 256 < n; c += nw) {
-        if (regs == STAGE_AHEAD && c != warp) {
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = v_next[k], w[k] = w_next[k];
-        } else if (lean || c != warp) {
-            load_chunk(in, c, v, w, true);
-        }
-        if (regs == STAGE_AHEAD && (c + nw) * 256 < n) load_chunk(in, c + nw, v_next, w_next, true);
+        if (c != warp) load_chunk(in, c, v, w);
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] = v[k] * scale * w[k];
         quantize_chunk(kind, v, c, c * 256 + (tid & 31) * 8 < n, dest);
@@ -688,8 +673,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     pdl_wait();
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    /* the output head (ROWS_ACT) at two blocks a multiprocessor: moe lab, Q6_K 75 us, 77 at one */
-    stage_act(F::ACT, a.in, smem, NULL, NULL, ROWS == ROWS_ACT ? STAGE_LEAN : STAGE_FIRST);
+    stage_act(F::ACT, a.in, smem, NULL, NULL);
     trace_mark(a.trace, TRACE_STAGED);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     float best = -INFINITY;
@@ -932,7 +916,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         if (ids[threadIdx.x] != guessed[threadIdx.x]) guessed_wrong = 1;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
-    stage_act(F::ACT, a.in, smem, NULL, NULL, STAGE_AHEAD); /* ends with a barrier */
+    stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
     if (a.n_routed && guessed_wrong && start + grp < total) /* the rows loaded before the wait are the wrong experts' */
         load_first_terms<F>(first, a.down, start + grp, a.n_routed, [&](int j) { return ids[j]; }, sub, L);
