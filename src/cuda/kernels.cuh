@@ -240,31 +240,26 @@ __device__ __forceinline__ void shared_gate(const act_in &in, float scale, const
     if (threadIdx.x == 0 && blockIdx.x == 0) *gate_out = 1.0f / (1.0f + expf(-dot));
 }
 
-/* stage_act for the float formats: the input as f32, normalised when
- * asked. A thread's first four values and their norm weights are loaded
- * once, for the sum of squares and the copy (stage_act's one round trip). */
+/* stage_act for the float formats: the input as f32, normalised when asked. */
 __device__ __forceinline__ void stage_f32(const act_in &in, float *f, const float *gate_w, float *gate_out,
                                           float *scratch) {
     const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
-    auto load4 = [&](int i, float4 &v, float4 &w) {
-        v = *(const float4 *)(in.src + i);
-        w = in.norm ? *(const float4 *)(in.norm + i) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-    };
-    auto squares = [](const float4 &v) {
-        return (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
-    };
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f), w = v;
-    if (tid * 4 < n) load4(tid * 4, v, w);
     float scale = 1.0f;
     if (in.norm) {
-        double ss = squares(v);
-        for (int i = (tid + nt) * 4; i < n; i += nt * 4) ss += squares(*(const float4 *)(in.src + i));
+        double ss = 0.0;
+        for (int i = tid * 4; i < n; i += nt * 4) {
+            float4 v = *(const float4 *)(in.src + i);
+            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        }
         scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
     }
     if (gate_w) shared_gate(in, scale, gate_w, gate_out, scratch);
     for (int i = tid * 4; i < n; i += nt * 4) {
-        if (i != tid * 4) load4(i, v, w);
-        v.x = v.x * scale * w.x, v.y = v.y * scale * w.y, v.z = v.z * scale * w.z, v.w = v.w * scale * w.w;
+        float4 v = *(const float4 *)(in.src + i);
+        if (in.norm) {
+            float4 w = *(const float4 *)(in.norm + i);
+            v.x = v.x * scale * w.x, v.y = v.y * scale * w.y, v.z = v.z * scale * w.z, v.w = v.w * scale * w.w;
+        }
         *(float4 *)(f + i) = v;
     }
     __syncthreads();
