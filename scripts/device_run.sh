@@ -170,7 +170,7 @@ if [ -f "$MODEL" ]; then
     # MOE_EXPERIMENT="commands": run with $MOE and $MODEL set, output to
     # experiment.log (an A/B beside the bench without a new script)
     if [ -n "${MOE_EXPERIMENT:-}" ]; then
-        step experiment 300 "$OUT/experiment.log" env MOE="$MOE" MODEL="$MODEL" bash -c "$MOE_EXPERIMENT"
+        step experiment 360 "$OUT/experiment.log" env MOE="$MOE" MODEL="$MODEL" bash -c "$MOE_EXPERIMENT"
     fi
     # the kernel lab: each GEMV against a pure read of the same bytes, the
     # expert kernels, launch chains with and without graphs/PDL
