@@ -566,6 +566,30 @@ static void test_top_logits(void) {
     CHECK(cuda_test_top_logits(l, N, CUDA_TOP_MAX + 1, NULL, 0, top, &found, NULL, &err) == MOE_ERR_UNSUPPORTED);
 }
 
+/* The expert kernels' division by a multiply-high, at and around every
+ * multiple of d up to the bound t * d < 2^32 it promises, and at random t. */
+static void test_div_magic(void) {
+    uint64_t state = 0x9e3779b97f4a7c15ull;
+    int bad = 0;
+    for (int d = 1; d <= 1 << 16 && !bad; d += d < 512 ? 1 : d / 64) {
+        const uint64_t limit = ((uint64_t)1 << 32) / (uint64_t)d; /* t < limit: t * d < 2^32 */
+        const uint64_t t_max = limit < ((uint64_t)1 << 31) ? limit : ((uint64_t)1 << 31);
+        for (uint64_t q = 0; q * d < t_max && !bad; q += 1 + q / 8)
+            for (int off = -1; off <= 1; off++) {
+                const int64_t t = (int64_t)(q * d) + off * (off > 0 ? d - 1 : 1);
+                if (t < 0 || (uint64_t)t >= t_max) continue;
+                if (cuda_test_div_magic((int)t, d) != (int)(t / d)) bad = 1;
+                CHECKF(!bad, "%lld / %d gave %d", (long long)t, d, cuda_test_div_magic((int)t, d));
+            }
+        for (int i = 0; i < 64 && !bad; i++) {
+            state = state * 6364136223846793005ull + 1442695040888963407ull;
+            const int t = (int)((state >> 33) % t_max);
+            if (cuda_test_div_magic(t, d) != t / d) bad = 1;
+            CHECKF(!bad, "%d / %d gave %d", t, d, cuda_test_div_magic(t, d));
+        }
+    }
+}
+
 int main(void) {
     if (!cuda_available()) {
         printf("skipped: no CUDA GPU\n");
@@ -577,6 +601,7 @@ int main(void) {
     RUN(test_prefill_attention);
     RUN(test_decode_attention);
     RUN(test_top_logits);
+    RUN(test_div_magic);
     return test_summary();
 }
 

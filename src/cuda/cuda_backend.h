@@ -176,6 +176,10 @@ moe_status cuda_state_peek(cuda_state *s, const char *what, float *out, int n, m
 /* ---- kernel tests: one launch on fresh device buffers, outputs poisoned
  * (NaN) first. Weights are rows in their GGUF layout. */
 
+/* t / d as the expert kernels divide their flattened indices (div_magic's
+ * multiply-high), for t >= 0 and t * d < 2^32. */
+int cuda_test_div_magic(int t, int d);
+
 /* y[rows] = W x, x of cols floats, through the decode step's gemv kernel. */
 moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, const float *x, float *y, moe_error *err);
 

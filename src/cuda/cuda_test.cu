@@ -14,6 +14,8 @@ extern "C" {
 #include "cuda/cuda_backend.h"
 }
 
+int cuda_test_div_magic(int t, int d) { return div_by_magic(t, d, div_magic(d)); }
+
 typedef struct test_buffers {
     uint8_t *arena;
     void *ptrs[12];
