@@ -208,15 +208,16 @@ __device__ __forceinline__ void quantize_chunk(int kind, const float *v, int c, 
     }
 }
 
-/* Values [256 c + 8 lane, +8) of `in` (v) and of its norm weights (w),
- * zeros past the end (n is a multiple of 32: all 8 or none). */
-__device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, float *w) {
+/* Values [256 c + 8 lane, +8) of `in` (v) and, with norm_too, of its norm
+ * weights (w; ones without), zeros past the end (n is a multiple of 32:
+ * all 8 or none). */
+__device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, float *w, bool norm_too = true) {
     const int base = c * 256 + (threadIdx.x & 31) * 8;
 #pragma unroll
     for (int k = 0; k < 8; k++) v[k] = 0.0f, w[k] = 1.0f;
     if (base >= in.n) return;
     load8(in.src + base, v);
-    if (in.norm) load8(in.norm + base, w);
+    if (norm_too && in.norm) load8(in.norm + base, w);
 }
 
 __device__ __forceinline__ double chunk_squares(const float *v) {
@@ -290,7 +291,7 @@ __device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *s
         double ss = chunk_squares(v);
         for (int c = warp + nw; c * 256 < n; c += nw) {
             float v2[8], w2[8];
-            load_chunk(in, c, v2, w2);
+            load_chunk(in, c, v2, w2, false); /* the norm's weights come with the codes */
             ss += chunk_squares(v2);
         }
         scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
