@@ -32,8 +32,8 @@ struct dmat {
     int64_t meta_expert_stride; /* bytes between experts' meta */
     int rows, cols, units;      /* units: the 16-byte work items of a row */
     int type;                   /* moe_type */
-    unsigned units_magic;       /* ceil(2^32 / units): see unit_term */
-    unsigned rows_magic;        /* ceil(2^32 / rows): see expert_of_row */
+    unsigned units_magic;       /* div_magic(units): a unit stream's term, t / units */
+    unsigned rows_magic;        /* div_magic(rows): a row stream's expert, row / rows */
 };
 
 /* ceil(2^32 / d) for d >= 2 (0 for d = 1): t / d = umulhi(t, magic) for
@@ -265,16 +265,15 @@ inline int pick_lanes(int units, int n) {
  * of rows (gate and up) at once, so half the format's (pair_batch's NP). */
 inline int up_units(const cuda_format *f) { return f->n > 1 ? f->n / 2 : 1; }
 
-/* The expert kernels' lanes per row for rows of `units`, >> shift (at
- * least 1: `moe lab` also times fewer lanes a row). */
-inline int up_lanes(const cuda_format *f, int units, int shift = 0) {
-    const int lanes = pick_lanes(units, up_units(f)) >> shift;
+/* The expert kernels' lanes per row for rows of `units`, a lane taking
+ * n of them a batch, >> shift (at least 1: `moe lab` also times fewer
+ * lanes a row). */
+inline int shifted_lanes(int units, int n, int shift) {
+    const int lanes = pick_lanes(units, n) >> shift;
     return lanes > 0 ? lanes : 1;
 }
-inline int down_lanes(const cuda_format *f, int units, int shift = 0) {
-    const int lanes = pick_lanes(units, f->n) >> shift;
-    return lanes > 0 ? lanes : 1;
-}
+inline int up_lanes(const cuda_format *f, int units, int shift = 0) { return shifted_lanes(units, up_units(f), shift); }
+inline int down_lanes(const cuda_format *f, int units, int shift = 0) { return shifted_lanes(units, f->n, shift); }
 
 /* ---------------------------------------------------------------- a sequence (cuda_forward.cu) */
 
