@@ -574,13 +574,15 @@ static void test_div_magic(void) {
     for (int d = 1; d <= 1 << 16 && !bad; d += d < 512 ? 1 : d / 64) {
         const uint64_t limit = ((uint64_t)1 << 32) / (uint64_t)d; /* t < limit: t * d < 2^32 */
         const uint64_t t_max = limit < ((uint64_t)1 << 31) ? limit : ((uint64_t)1 << 31);
-        for (uint64_t q = 0; q * d < t_max && !bad; q += 1 + q / 8)
-            for (int off = -1; off <= 1; off++) {
-                const int64_t t = (int64_t)(q * d) + off * (off > 0 ? d - 1 : 1);
+        for (uint64_t q = 0; q * d < t_max && !bad; q += 1 + q / 8) {
+            const int64_t around[3] = {(int64_t)(q * d) - 1, (int64_t)(q * d), (int64_t)(q * d) + d - 1};
+            for (int i = 0; i < 3; i++) {
+                const int64_t t = around[i];
                 if (t < 0 || (uint64_t)t >= t_max) continue;
                 if (cuda_test_div_magic((int)t, d) != (int)(t / d)) bad = 1;
                 CHECKF(!bad, "%lld / %d gave %d", (long long)t, d, cuda_test_div_magic((int)t, d));
             }
+        }
         for (int i = 0; i < 64 && !bad; i++) {
             state = state * 6364136223846793005ull + 1442695040888963407ull;
             const int t = (int)((state >> 33) % t_max);
