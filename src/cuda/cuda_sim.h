@@ -180,6 +180,15 @@ static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
     return v;
 }
 
+static inline unsigned __reduce_min_sync(unsigned, unsigned v) {
+    const int lane = (int)(threadIdx.x & 31);
+    for (int off = 16; off > 0; off >>= 1) {
+        const unsigned o = sim_shfl(v, lane ^ off);
+        v = o < v ? o : v;
+    }
+    return v;
+}
+
 /* The lanes whose v equals this lane's: every lane posts its value, the
  * warp meets, every lane reads all 32 (two warp barriers, not 32 shuffles). */
 template <class T> static inline unsigned __match_any_sync(unsigned, T v) {

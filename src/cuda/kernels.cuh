@@ -167,16 +167,20 @@ __device__ __forceinline__ void quantize_chunk(int kind, const float *v, int c, 
     if (kind == ACT_Q8K) {
         /* q8_k.c: the value of largest magnitude (the first one) maps to -127 */
         float amax = 0.0f, vmax = 0.0f;
-        int imax = 0x7fffffff;
+        int imax = 0;
 #pragma unroll
         for (int k = 0; k < 8; k++)
             if (fabsf(v[k]) > amax) amax = fabsf(v[k]), vmax = v[k], imax = base + k;
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            float oa = __shfl_xor_sync(FULL_MASK, amax, off), ov = __shfl_xor_sync(FULL_MASK, vmax, off);
-            int oi = __shfl_xor_sync(FULL_MASK, imax, off);
-            if (oa > amax || (oa == amax && oi < imax)) amax = oa, vmax = ov, imax = oi;
-        }
+        /* The warp's largest magnitude, then the first index holding it and
+         * that value's sign: two warp reductions (redux.sync) instead of
+         * five rounds of three shuffles, on the staging's critical path.
+         * Magnitudes are non-negative floats (NaN never wins above), which
+         * order as their bits do. */
+        const unsigned top = __reduce_max_sync(FULL_MASK, __float_as_uint(amax));
+        const unsigned first = __reduce_min_sync(
+            FULL_MASK, amax > 0.0f && __float_as_uint(amax) == top ? (unsigned)imax * 2 + (vmax < 0.0f) : 0xffffffffu);
+        amax = __uint_as_float(top);
+        vmax = first & 1 ? -amax : amax;
         float iscale = amax != 0.0f ? -127.0f / vmax : 0.0f;
         bool zero = amax == 0.0f || !isfinite(iscale);
         int sum = 0;
