@@ -30,6 +30,10 @@
  *    blocks per KV head and merged, 1 to 16 warps a query head) against
  *    the same float64 attention, to the same limits.
  *  - the top logits sampling on the device reads, against a full sort.
+ *  - a kernel's staging of its input (RMSNorm or none, then Q8_K or Q8_0)
+ *    against the CPU's rmsnorm and quantizer: the same codes, scales and
+ *    sums bit for bit, on inputs with planted ties of magnitude (the first
+ *    sets the sign), all-zero blocks and a block of tiny values.
  *
  * The worst ratio seen per type is printed, so a drift shows before it
  * fails.
@@ -44,6 +48,8 @@
 #ifdef MOE_HAVE_CUDA
 #include "cpu/cpu_ops.h"
 #include "cuda/cuda_backend.h"
+#include "quant/block.h"
+#include "quant/k_quant.h"
 #include "quant/quant.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -566,6 +572,62 @@ static void test_top_logits(void) {
     CHECK(cuda_test_top_logits(l, N, CUDA_TOP_MAX + 1, NULL, 0, top, &found, NULL, &err) == MOE_ERR_UNSUPPORTED);
 }
 
+/* n values of x with the cases planted that decide a block's scale: in
+ * block 0 the largest magnitude twice, negative first; in block 1 the same,
+ * positive first; block 2 all zeros; block 3 one value; block 4 tiny
+ * values (1e-30: the reciprocal scale stays finite). Blocks of `per`. */
+static void plant_stage_cases(float *x, int n, int per) {
+    for (int i = 0; i < n; i++) x[i] = gauss();
+    x[3] = -9.0f, x[per - 5] = 9.0f;
+    x[per + 7] = 9.5f, x[per + 9] = -9.5f;
+    for (int i = 0; i < per; i++) x[2 * per + i] = 0.0f, x[3 * per + i] = 0.0f, x[4 * per + i] *= 1e-30f;
+    x[3 * per + per / 2] = -0.25f;
+}
+
+/* The staging against cpu_rmsnorm (with norm) and the dot type's quantizer. */
+static void check_stage(moe_type dot, int n, int with_norm) {
+    const int per = dot == MOE_TYPE_Q8_K ? QK_K : 32;
+    float *x = xmalloc(sizeof(float) * n), *norm = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
+    float *scales = xmalloc(sizeof(float) * (n / per));
+    int8_t *codes = xmalloc((size_t)n);
+    int16_t *sums = xmalloc(sizeof(int16_t) * (n / 16));
+    uint8_t *ref = xmalloc(quant_row_bytes(dot, n));
+    plant_stage_cases(x, n, per);
+    for (int i = 0; i < n; i++) norm[i] = 1.0f + 0.25f * gauss();
+    norm[3] = norm[per - 5], norm[per + 7] = norm[per + 9]; /* the planted ties survive the norm */
+    if (with_norm) cpu_rmsnorm(y, x, norm, n, 1e-6f);
+    else memcpy(y, x, sizeof(float) * n);
+    quant_format_of(dot)->quantize(y, ref, n);
+    moe_error err = {0};
+    moe_status st = cuda_test_stage(dot, x, with_norm ? norm : NULL, 1e-6f, n, codes, scales, sums, &err);
+    CHECKF(st == MOE_OK, "%s", err.message);
+    int bad = 0;
+    for (int b = 0; st == MOE_OK && b < n / per && !bad; b++) {
+        const int8_t *qs;
+        float d;
+        if (dot == MOE_TYPE_Q8_K) {
+            const block_q8_k *blk = (const block_q8_k *)ref + b;
+            qs = blk->qs, d = block_bits_to_f32(block_load_u32(blk->d));
+            for (int j = 0; j < QK_K / 16; j++) bad |= (int16_t)block_load_u16(blk->bsums + 2 * j) != sums[b * 16 + j];
+        } else {
+            const block_q8_0 *blk = (const block_q8_0 *)ref + b;
+            qs = blk->qs, d = block_fp16_to_f32(block_load_u16(blk->d));
+        }
+        bad |= memcmp(qs, codes + b * per, (size_t)per) != 0 || memcmp(&d, &scales[b], sizeof d) != 0;
+        CHECKF(!bad, "%s, %d values%s: block %d differs (scale gpu %.9g cpu %.9g)", quant_format_of(dot)->name, n,
+               with_norm ? " normalised" : "", b, scales[b], d);
+    }
+    free(x), free(norm), free(y), free(scales), free(codes), free(sums), free(ref);
+}
+
+static void test_stage_exact(void) {
+    const moe_type dots[] = {MOE_TYPE_Q8_K, MOE_TYPE_Q8_0};
+    const int lengths[] = {2048, 6144}; /* one chunk a warp, and two for some warps */
+    for (int t = 0; t < 2; t++)
+        for (int l = 0; l < 2; l++)
+            for (int with_norm = 0; with_norm < 2; with_norm++) check_stage(dots[t], lengths[l], with_norm);
+}
+
 /* The expert kernels' division by a multiply-high, at and around every
  * multiple of d up to the bound t * d < 2^32 it promises, and at random t. */
 static void test_div_magic(void) {
@@ -604,6 +666,7 @@ int main(void) {
     RUN(test_decode_attention);
     RUN(test_top_logits);
     RUN(test_div_magic);
+    RUN(test_stage_exact);
     return test_summary();
 }
 
