@@ -69,49 +69,56 @@ static int test_grid(const cuda_format *f, int kernel, size_t smem, int rows, in
     return gemv_grid(prop.multiProcessorCount, f->occupancy(kernel, smem), rows, lanes, 0);
 }
 
-/* One block stages its input and copies the staged activation out. */
-static __global__ void stage_kernel(int kind, const act_in in, uint8_t *out) {
+/* One block stages its input and copies the staged activation out, read
+ * through act_view_of as the kernels read it. */
+static __global__ void stage_kernel(int kind, const act_in in, int8_t *codes, float *scales, int16_t *sums) {
     DYN_SMEM(uint8_t, smem);
     stage_act(kind, in, smem, NULL, NULL);
-    const int bytes = (int)act_bytes(kind, in.n);
-    for (int i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = smem[i];
+    const act_view v = act_view_of(kind, smem, in.n);
+    const int per = kind == ACT_Q8K ? 256 : 32;
+    for (int i = threadIdx.x; i < in.n; i += blockDim.x) {
+        codes[i] = v.q[i];
+        if (i % per == 0) scales[i / per] = v.d[i / per];
+        if (kind == ACT_Q8K && i % 16 == 0) sums[i / 16] = v.s16[i / 16];
+    }
 }
 
 moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm, float eps, int n, int8_t *codes,
                            float *scales, int16_t *sums, moe_error *err) {
     const int kind = dot_type == MOE_TYPE_Q8_K ? ACT_Q8K : ACT_Q80, per = kind == ACT_Q8K ? 256 : 32;
-    const size_t bytes = act_bytes(kind, n), smem = gemv_smem(kind, n);
+    const size_t smem = gemv_smem(kind, n);
     if ((dot_type != MOE_TYPE_Q8_K && dot_type != MOE_TYPE_Q8_0) || n <= 0 || n % per || smem > 48 * 1024)
         return moe_error_set(err, MOE_ERR_INVALID_ARG, "stage test: %d values as type %d", n, (int)dot_type);
+    const bool has_sums = kind == ACT_Q8K && sums;
     test_buffers b;
     memset(&b, 0, sizeof b);
-    float *dx = NULL, *dnorm = NULL;
-    uint8_t *dout = NULL, *out = (uint8_t *)malloc(bytes);
-    moe_status st = out ? MOE_OK : moe_error_set(err, MOE_ERR_NOMEM, "stage test: out of memory");
-    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dx, (size_t)n * 4, err);
-    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dnorm, (size_t)n * 4, err);
-    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dout, bytes, err);
+    float *dx = NULL, *dnorm = NULL, *dscales = NULL;
+    int8_t *dcodes = NULL;
+    int16_t *dsums = NULL;
+    moe_status st = dev_alloc(&b, (void **)&dx, (size_t)n * 4, err);
+    if (st == MOE_OK && norm) st = dev_alloc(&b, (void **)&dnorm, (size_t)n * 4, err);
+    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dcodes, (size_t)n, err);
+    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dscales, (size_t)n / per * 4, err);
+    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dsums, (size_t)n / 16 * 2, err);
     if (st == MOE_OK) {
         cudaError_t e = cudaMemcpy(dx, x, (size_t)n * 4, cudaMemcpyHostToDevice);
         if (e == cudaSuccess && norm) e = cudaMemcpy(dnorm, norm, (size_t)n * 4, cudaMemcpyHostToDevice);
-        if (e == cudaSuccess) e = cudaMemset(dout, 0xff, bytes);
+        if (e == cudaSuccess) e = cudaMemset(dcodes, 0xff, (size_t)n);
+        if (e == cudaSuccess) e = cudaMemset(dscales, 0xff, (size_t)n / per * 4);
+        if (e == cudaSuccess) e = cudaMemset(dsums, 0xff, (size_t)n / 16 * 2);
         if (e == cudaSuccess) {
-            LAUNCH(stage_kernel, 1, GEMV_THREADS, smem, 0, kind, act_in{dx, norm ? dnorm : NULL, eps, n}, dout);
+            LAUNCH(stage_kernel, 1, GEMV_THREADS, smem, 0, kind, act_in{dx, dnorm, eps, n}, dcodes, dscales, dsums);
             e = cudaGetLastError();
         }
         if (e == cudaSuccess) e = cudaDeviceSynchronize();
-        if (e == cudaSuccess) e = cudaMemcpy(out, dout, bytes, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(codes, dcodes, (size_t)n, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(scales, dscales, (size_t)n / per * 4, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess && has_sums) e = cudaMemcpy(sums, dsums, (size_t)n / 16 * 2, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             st = moe_error_set(err, MOE_ERR_IO, "stage test (%d values): %s", n, cudaGetErrorName(e));
         }
     }
-    if (st == MOE_OK) { /* act_view_of's layout */
-        memcpy(codes, out, (size_t)n);
-        memcpy(scales, out + align16((size_t)n), (size_t)n / per * 4);
-        if (kind == ACT_Q8K && sums) memcpy(sums, out + align16((size_t)n) + align16((size_t)n / 256 * 4), (size_t)n / 16 * 2);
-    }
-    free(out);
     release(&b);
     return st;
 }
