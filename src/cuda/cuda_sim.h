@@ -171,22 +171,17 @@ template <class T> static inline T __shfl_down_sync(unsigned, T v, int delta, in
     return sim_shfl(v, src);
 }
 
-static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+/* redux.sync: v folded over the warp by `keep` (the value to keep of two) */
+template <class Keep> static inline unsigned sim_warp_reduce(unsigned v, Keep keep) {
     const int lane = (int)(threadIdx.x & 31);
-    for (int off = 16; off > 0; off >>= 1) {
-        const unsigned o = sim_shfl(v, lane ^ off);
-        v = o > v ? o : v;
-    }
+    for (int off = 16; off > 0; off >>= 1) v = keep(v, sim_shfl(v, lane ^ off));
     return v;
 }
-
+static inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+    return sim_warp_reduce(v, [](unsigned a, unsigned b) { return a > b ? a : b; });
+}
 static inline unsigned __reduce_min_sync(unsigned, unsigned v) {
-    const int lane = (int)(threadIdx.x & 31);
-    for (int off = 16; off > 0; off >>= 1) {
-        const unsigned o = sim_shfl(v, lane ^ off);
-        v = o < v ? o : v;
-    }
-    return v;
+    return sim_warp_reduce(v, [](unsigned a, unsigned b) { return a < b ? a : b; });
 }
 
 /* The lanes whose v equals this lane's: every lane posts its value, the
