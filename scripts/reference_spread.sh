@@ -13,7 +13,8 @@
 set -u
 moe=$1 model=$2 dir=${3:-/tmp/moe-reference-spread}
 mkdir -p "$dir"
-tokens=$(python3 -c "import random; random.seed(5); print(','.join(str(random.randrange(1000, 30000)) for _ in range(64)))")
+positions=64
+tokens=$(python3 -c "import random; random.seed(5); print(','.join(str(random.randrange(1000, 30000)) for _ in range($positions)))")
 levels=()
 for isa in avx512 avx2 portable; do
     out="$dir/logits-$isa.bin"
@@ -25,16 +26,15 @@ for isa in avx512 avx2 portable; do
     fi
 done
 [ ${#levels[@]} -ge 2 ] || { echo "fewer than two kernel levels ran" >&2; exit 1; }
-python3 - "$dir" "${levels[@]}" <<'EOF'
+python3 - "$dir" "$positions" "${levels[@]}" <<'EOF'
 import array, math, sys
-d, levels = sys.argv[1], sys.argv[2:]
+d, n, levels = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 def load(isa):
     a = array.array('f')
     with open(f"{d}/logits-{isa}.bin", 'rb') as f:
         a.frombytes(f.read())
     return a
 ref = load(levels[0])
-n = 64
 vocab = len(ref) // n
 for isa in levels[1:]:
     other = load(isa)
