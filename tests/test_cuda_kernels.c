@@ -584,7 +584,8 @@ static void plant_stage_cases(float *x, int n, int per) {
     x[3 * per + per / 2] = -0.25f;
 }
 
-/* The staging against cpu_rmsnorm (with norm) and the dot type's quantizer. */
+/* The staging against the dot type's quantizer of x (times the norm's
+ * weights, with a norm, as cpu_forward's norm_rows) and cpu_rms_scale. */
 static void check_stage(moe_type dot, int n, int with_norm) {
     const int per = dot == MOE_TYPE_Q8_K ? QK_K : 32;
     float *x = xmalloc(sizeof(float) * n), *norm = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
@@ -595,12 +596,15 @@ static void check_stage(moe_type dot, int n, int with_norm) {
     plant_stage_cases(x, n, per);
     for (int i = 0; i < n; i++) norm[i] = 1.0f + 0.25f * gauss();
     norm[3] = norm[per - 5], norm[per + 7] = norm[per + 9]; /* the planted ties survive the norm */
-    if (with_norm) cpu_rmsnorm(y, x, norm, n, 1e-6f);
-    else memcpy(y, x, sizeof(float) * n);
+    for (int i = 0; i < n; i++) y[i] = with_norm ? x[i] * norm[i] : x[i];
     quant_format_of(dot)->quantize(y, ref, n);
+    const float want_scale = with_norm ? cpu_rms_scale(x, n, 1e-6f) : 1.0f;
     moe_error err = {0};
-    moe_status st = cuda_test_stage(dot, x, with_norm ? norm : NULL, 1e-6f, n, codes, scales, sums, &err);
+    float got_scale = 0.0f;
+    moe_status st = cuda_test_stage(dot, x, with_norm ? norm : NULL, 1e-6f, n, codes, scales, sums, &got_scale, &err);
     CHECKF(st == MOE_OK, "%s", err.message);
+    CHECKF(st != MOE_OK || memcmp(&got_scale, &want_scale, sizeof got_scale) == 0, "%s, %d values: norm scale gpu %.9g cpu %.9g",
+           quant_format_of(dot)->name, n, got_scale, want_scale);
     int bad = 0;
     for (int b = 0; st == MOE_OK && b < n / per && !bad; b++) {
         const int8_t *qs;

@@ -3,12 +3,16 @@
 
 #include <math.h>
 
-void cpu_rmsnorm(float *out, const float *x, const float *weight, int64_t n, float eps) {
+float cpu_rms_scale(const float *x, int64_t n, float eps) {
     /* The sum of squares in double: rows of 4096+ values of mixed magnitude
      * lose digits in f32, and this is the reference. */
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = (float)(1.0 / sqrt(ss / (double)n + eps));
+    return (float)(1.0 / sqrt(ss / (double)n + eps));
+}
+
+void cpu_rmsnorm(float *out, const float *x, const float *weight, int64_t n, float eps) {
+    const float scale = cpu_rms_scale(x, n, eps);
     for (int64_t i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
 }
 

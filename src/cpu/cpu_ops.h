@@ -13,6 +13,9 @@
 /* out = x / rms(x) * weight over n elements (out may alias x). */
 void cpu_rmsnorm(float *out, const float *x, const float *weight, int64_t n, float eps);
 
+/* 1 / rms(x) over n elements, the scale cpu_rmsnorm applies. */
+float cpu_rms_scale(const float *x, int64_t n, float eps);
+
 /* Rotate the first n_rot dimensions of each of n_heads heads (head_dim
  * apart) by position pos. freq_factors (n_rot/2) divide the frequencies when
  * not NULL (Llama-3.1 style); freq_scale scales positions (linear scaling). */

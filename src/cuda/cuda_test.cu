@@ -71,9 +71,11 @@ static int test_grid(const cuda_format *f, int kernel, size_t smem, int rows, in
 
 /* One block stages its input and copies the staged activation out, read
  * through act_view_of as the kernels read it. */
-static __global__ void stage_kernel(int kind, const act_in in, int8_t *codes, float *scales, int16_t *sums) {
+static __global__ void stage_kernel(int kind, const act_in in, int8_t *codes, float *scales, int16_t *sums,
+                                    float *norm_scale) {
     DYN_SMEM(uint8_t, smem);
-    stage_act(kind, in, smem, NULL, NULL);
+    const float s = stage_act(kind, in, smem, NULL, NULL);
+    if (threadIdx.x == blockDim.x - 1) *norm_scale = s; /* the last warp: its scale is computed as the first's */
     const act_view v = act_view_of(kind, smem, in.n);
     const int per = kind == ACT_Q8K ? 256 : 32;
     for (int i = threadIdx.x; i < in.n; i += blockDim.x) {
@@ -84,7 +86,7 @@ static __global__ void stage_kernel(int kind, const act_in in, int8_t *codes, fl
 }
 
 moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm, float eps, int n, int8_t *codes,
-                           float *scales, int16_t *sums, moe_error *err) {
+                           float *scales, int16_t *sums, float *norm_scale, moe_error *err) {
     const int kind = dot_type == MOE_TYPE_Q8_K ? ACT_Q8K : ACT_Q80, per = kind == ACT_Q8K ? 256 : 32;
     const size_t smem = gemv_smem(kind, n);
     if ((dot_type != MOE_TYPE_Q8_K && dot_type != MOE_TYPE_Q8_0) || n <= 0 || n % per || smem > 48 * 1024)
@@ -92,7 +94,7 @@ moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm,
     const bool has_sums = kind == ACT_Q8K && sums;
     test_buffers b;
     memset(&b, 0, sizeof b);
-    float *dx = NULL, *dnorm = NULL, *dscales = NULL;
+    float *dx = NULL, *dnorm = NULL, *dscales = NULL, *dnorm_scale = NULL;
     int8_t *dcodes = NULL;
     int16_t *dsums = NULL;
     moe_status st = dev_alloc(&b, (void **)&dx, (size_t)n * 4, err);
@@ -100,6 +102,7 @@ moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm,
     if (st == MOE_OK) st = dev_alloc(&b, (void **)&dcodes, (size_t)n, err);
     if (st == MOE_OK) st = dev_alloc(&b, (void **)&dscales, (size_t)n / per * 4, err);
     if (st == MOE_OK) st = dev_alloc(&b, (void **)&dsums, (size_t)n / 16 * 2, err);
+    if (st == MOE_OK) st = dev_alloc(&b, (void **)&dnorm_scale, 4, err);
     if (st == MOE_OK) {
         cudaError_t e = cudaMemcpy(dx, x, (size_t)n * 4, cudaMemcpyHostToDevice);
         if (e == cudaSuccess && norm) e = cudaMemcpy(dnorm, norm, (size_t)n * 4, cudaMemcpyHostToDevice);
@@ -107,13 +110,15 @@ moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm,
         if (e == cudaSuccess) e = cudaMemset(dscales, 0xff, (size_t)n / per * 4);
         if (e == cudaSuccess) e = cudaMemset(dsums, 0xff, (size_t)n / 16 * 2);
         if (e == cudaSuccess) {
-            LAUNCH(stage_kernel, 1, GEMV_THREADS, smem, 0, kind, act_in{dx, dnorm, eps, n}, dcodes, dscales, dsums);
+            LAUNCH(stage_kernel, 1, GEMV_THREADS, smem, 0, kind, act_in{dx, dnorm, eps, n}, dcodes, dscales, dsums,
+                   dnorm_scale);
             e = cudaGetLastError();
         }
         if (e == cudaSuccess) e = cudaDeviceSynchronize();
         if (e == cudaSuccess) e = cudaMemcpy(codes, dcodes, (size_t)n, cudaMemcpyDeviceToHost);
         if (e == cudaSuccess) e = cudaMemcpy(scales, dscales, (size_t)n / per * 4, cudaMemcpyDeviceToHost);
         if (e == cudaSuccess && has_sums) e = cudaMemcpy(sums, dsums, (size_t)n / 16 * 2, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(norm_scale, dnorm_scale, 4, cudaMemcpyDeviceToHost);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             st = moe_error_set(err, MOE_ERR_IO, "stage test (%d values): %s", n, cudaGetErrorName(e));

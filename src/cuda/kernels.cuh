@@ -34,7 +34,8 @@
  * extra registers leave one 512-thread block a multiprocessor.
  *
  * Activations: every block reads the f32 input (the residual stream, or
- * the FFN hidden state), applies the RMSNorm when asked, and quantizes it
+ * the FFN hidden state), times the RMSNorm's weights when asked (the RMS
+ * scale multiplies the products instead: stage_act), and quantizes it
  * into shared memory exactly as the CPU reference does for the format's
  * dot type: Q8_K (256 per block, f32 scale, sums of 16) for the K-quants,
  * Q8_0 (32 per block, fp16 scale) for Q8_0, Q4_0, Q5_0 and IQ4_NL, f32 for
@@ -212,16 +213,15 @@ __device__ __forceinline__ void quantize_chunk(int kind, const float *v, int c, 
     }
 }
 
-/* Values [256 c + 8 lane, +8) of `in` (v) and, with norm_too, of its norm
- * weights (w; ones without), zeros past the end (n is a multiple of 32:
- * all 8 or none). */
-__device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, float *w, bool norm_too = true) {
+/* Values [256 c + 8 lane, +8) of `in` (v) and of its norm weights (w;
+ * ones without), zeros past the end (n is a multiple of 32: all 8 or none). */
+__device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, float *w) {
     const int base = c * 256 + (threadIdx.x & 31) * 8;
 #pragma unroll
     for (int k = 0; k < 8; k++) v[k] = 0.0f, w[k] = 1.0f;
     if (base >= in.n) return;
     load8(in.src + base, v);
-    if (norm_too && in.norm) load8(in.norm + base, w);
+    if (in.norm) load8(in.norm + base, w);
 }
 
 __device__ __forceinline__ double chunk_squares(const float *v) {
@@ -231,84 +231,80 @@ __device__ __forceinline__ double chunk_squares(const float *v) {
     return ss;
 }
 
-/* The shared expert's gate, sigmoid(dot(normalised input, gate_w)), to
- * *gate_out by block 0. */
-__device__ __forceinline__ void shared_gate(const act_in &in, float scale, const float *gate_w, float *gate_out,
-                                            float *scratch) {
-    float dot = 0.0f;
-    for (int i = threadIdx.x; i < in.n; i += blockDim.x) {
-        float v = in.src[i];
-        if (in.norm) v = v * scale * in.norm[i];
-        dot += v * gate_w[i];
+/* The staging's end, after each thread has written its part of the
+ * activation and summed the squares of its inputs (ss, with a norm): the
+ * barrier that publishes the activation, then the norm's scale from the
+ * warps' sums, which every thread computes for itself. Only a row's result
+ * needs the scale (stage_act), so it is off the path to the codes. With
+ * gate_w, block 0 also stores sigmoid(dot(normalised input, gate_w)) in
+ * *gate_out (the shared expert's gate). scratch: 64 floats. */
+__device__ __forceinline__ float finish_staging(const act_in &in, double ss, const float *gate_w, float *gate_out,
+                                                float *scratch) {
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    double *warp_ss = (double *)(scratch + 32); /* block_sum's 32 floats come first */
+    if (in.norm) {
+        ss = warp_sum_double(ss);
+        if ((threadIdx.x & 31) == 0) warp_ss[warp] = ss;
     }
-    dot = block_sum(dot, scratch);
-    if (threadIdx.x == 0 && blockIdx.x == 0) *gate_out = 1.0f / (1.0f + expf(-dot));
-}
-
-/* stage_act for the float formats: the input as f32, normalised when asked. */
-__device__ __forceinline__ void stage_f32(const act_in &in, float *f, const float *gate_w, float *gate_out,
-                                          float *scratch) {
-    const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
+    float gate_dot = 0.0f;
+    if (gate_w) {
+        for (int i = threadIdx.x; i < in.n; i += blockDim.x) gate_dot += in.src[i] * (in.norm ? in.norm[i] : 1.0f) * gate_w[i];
+        gate_dot = block_sum(gate_dot, scratch);
+    }
+    __syncthreads();
     float scale = 1.0f;
     if (in.norm) {
-        double ss = 0.0;
-        for (int i = tid * 4; i < n; i += nt * 4) {
-            float4 v = *(const float4 *)(in.src + i);
-            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
-        }
-        scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
+        ss = 0.0;
+        for (int w = 0; w < nw; w++) ss += warp_ss[w];
+        scale = rms_scale(ss, in.n, in.eps);
     }
-    if (gate_w) shared_gate(in, scale, gate_w, gate_out, scratch);
-    for (int i = tid * 4; i < n; i += nt * 4) {
+    if (gate_w && threadIdx.x == 0 && blockIdx.x == 0) *gate_out = 1.0f / (1.0f + expf(-scale * gate_dot));
+    return scale;
+}
+
+/* stage_act for the float formats: the input (times the norm's weights) as f32. */
+__device__ __forceinline__ float stage_f32(const act_in &in, float *f, const float *gate_w, float *gate_out,
+                                           float *scratch) {
+    double ss = 0.0;
+    for (int i = threadIdx.x * 4; i < in.n; i += blockDim.x * 4) {
         float4 v = *(const float4 *)(in.src + i);
         if (in.norm) {
-            float4 w = *(const float4 *)(in.norm + i);
-            v.x = v.x * scale * w.x, v.y = v.y * scale * w.y, v.z = v.z * scale * w.z, v.w = v.w * scale * w.w;
+            const float4 w = *(const float4 *)(in.norm + i);
+            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+            v.x *= w.x, v.y *= w.y, v.z *= w.z, v.w *= w.w;
         }
         *(float4 *)(f + i) = v;
     }
-    __syncthreads();
+    return finish_staging(in, ss, gate_w, gate_out, scratch);
 }
 
-/* Normalise and quantize `in` into shared memory as `kind`. When gate_w is
- * given, also computes sigmoid(dot(normalised input, gate_w)) and block 0
- * stores it in *gate_out (the shared expert's gate). Ends with a barrier. */
-__device__ __forceinline__ void stage_act(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
-                                          float *gate_out) {
-    const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
-    const int warp = tid >> 5, nw = nt >> 5;
+/* Stages `in` into shared memory as `kind`: with a norm, x * w (norm_rows
+ * in cpu_forward.c) and returns the RMS scale s, which multiplies every
+ * product with the activation; 1 without. A block's largest magnitude
+ * scales with s, so the codes of x * w are those of the full norm up to
+ * float rounding, and the barrier and the double-precision scale it needs
+ * no longer come before them (decode-plan fact 34). With gate_w, block 0
+ * also stores the shared expert's gate (finish_staging). Ends with a
+ * barrier. */
+__device__ __forceinline__ float stage_act(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
+                                           float *gate_out) {
+    const int n = in.n, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float *scratch = (float *)(smem + act_bytes(kind, n));
-    if (kind == ACT_F32) {
-        stage_f32(in, (float *)smem, gate_w, gate_out, scratch);
-        return;
-    }
+    if (kind == ACT_F32) return stage_f32(in, (float *)smem, gate_w, gate_out, scratch);
     /* A warp takes 256 values, 8 per lane: lane l holds [256 c + 8 l, +8).
-     * Its first chunk, with the norm's weights, is loaded once for both the
-     * sum of squares and the codes: one L2 round trip for a normalised input
-     * up to 256 values a warp (4096 in a block), not two. (Two chunks a
-     * round, their loads issued together, made the kernels' code 8-20%
-     * larger and the step slower: bench/decode-plan.md, fact 20.) */
-    float v[8], w[8];
-    load_chunk(in, warp, v, w);
-    float scale = 1.0f;
-    if (in.norm) {
-        double ss = chunk_squares(v);
-        for (int c = warp + nw; c * 256 < n; c += nw) {
-            float v2[8], w2[8];
-            load_chunk(in, c, v2, w2, false); /* the norm's weights come with the codes */
-            ss += chunk_squares(v2);
-        }
-        scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
-    }
-    if (gate_w) shared_gate(in, scale, gate_w, gate_out, scratch);
+     * (Two chunks a round, their loads issued together, made the kernels'
+     * code 8-20% larger and the step slower: bench/decode-plan.md, fact 20.) */
     const act_dest dest = act_dest_of(smem, n);
+    double ss = 0.0;
     for (int c = warp; c * 256 < n; c += nw) {
-        if (c != warp) load_chunk(in, c, v, w);
+        float v[8], w[8];
+        load_chunk(in, c, v, w);
+        if (in.norm) ss += chunk_squares(v);
 #pragma unroll
-        for (int k = 0; k < 8; k++) v[k] = v[k] * scale * w[k];
-        quantize_chunk(kind, v, c, c * 256 + (tid & 31) * 8 < n, dest);
+        for (int k = 0; k < 8; k++) v[k] *= w[k];
+        quantize_chunk(kind, v, c, c * 256 + (threadIdx.x & 31) * 8 < n, dest);
     }
-    __syncthreads();
+    return finish_staging(in, ss, gate_w, gate_out, scratch);
 }
 
 /* ---------------------------------------------------------------- activations in registers */
@@ -673,14 +669,14 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     pdl_wait();
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    stage_act(F::ACT, a.in, smem, NULL, NULL);
+    const float norm_scale = stage_act(F::ACT, a.in, smem, NULL, NULL);
     trace_mark(a.trace, TRACE_STAGED);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     float best = -INFINITY;
     int best_row = 0x7fffffff;
     /* a row's lanes' partial sums: the group's sum to the output (every lane calls it) */
     auto finish_row = [&](int row, float acc) {
-        acc = group_sum(acc, L);
+        acc = group_sum(acc, L) * norm_scale;
         if (row >= total || sub != 0) return;
         int s, r;
         locate(row, &s, &r);
@@ -796,8 +792,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     };
     const int U = a.n_routed ? a.gate.units : a.sh_gate.units;
     trace_mark(a.trace, TRACE_ENTRY);
+    float norm_scale = 1.0f;
     if (a.act_ready) {
-        stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
+        norm_scale = stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
     } else {
         prefetch_floats(a.in.norm, a.in.n);
         prefetch_floats(a.shgate_w, a.in.n);
@@ -823,14 +820,14 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         load_pair<F>(first, p.gb, p.gm, p.ub, p.um, U, sub, L);
     }
     if (!a.act_ready) {
-        stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
+        norm_scale = stage_act(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
         trace_mark(a.trace, TRACE_STAGED);
     }
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     /* a row's lanes' partial sums of gate and up: h to its place (every lane calls it) */
     auto finish_row = [&](int row, float g, float u) {
-        g = group_sum(g, L);
-        u = group_sum(u, L);
+        g = group_sum(g, L) * norm_scale;
+        u = group_sum(u, L) * norm_scale;
         if (row < total && sub == 0)
             a.h[row < routed_rows ? row : a.h_shared_off + row - routed_rows] = g / (1.0f + expf(-g)) * u; /* cpu_swiglu */
     };
@@ -916,7 +913,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         if (ids[threadIdx.x] != guessed[threadIdx.x]) guessed_wrong = 1;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
-    stage_act(F::ACT, a.in, smem, NULL, NULL); /* ends with a barrier */
+    stage_act(F::ACT, a.in, smem, NULL, NULL); /* no norm; ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
     if (a.n_routed && guessed_wrong && start + grp < total) /* the rows loaded before the wait are the wrong experts' */
         load_first_terms<F>(first, a.down, start + grp, a.n_routed, [&](int j) { return ids[j]; }, sub, L);
