@@ -584,9 +584,11 @@ static void plant_stage_cases(float *x, int n, int per) {
     x[3 * per + per / 2] = -0.25f;
 }
 
-/* The staging against the dot type's quantizer of x (times the norm's
- * weights, with a norm, as cpu_forward's norm_rows) and cpu_rms_scale. */
-static void check_stage(moe_type dot, int n, int with_norm) {
+/* The staging against the dot type's quantizer of x and, with a norm, its
+ * RMS scale: of cpu_rmsnorm(x) with full_norm (ffn_up's), else of x times
+ * the norm's weights (the products', as cpu_forward's norm_rows), the
+ * scale cpu_rms_scale's. */
+static void check_stage(moe_type dot, int n, int with_norm, bool full_norm) {
     const int per = dot == MOE_TYPE_Q8_K ? QK_K : 32;
     float *x = xmalloc(sizeof(float) * n), *norm = xmalloc(sizeof(float) * n), *y = xmalloc(sizeof(float) * n);
     float *scales = xmalloc(sizeof(float) * (n / per));
@@ -596,15 +598,19 @@ static void check_stage(moe_type dot, int n, int with_norm) {
     plant_stage_cases(x, n, per);
     for (int i = 0; i < n; i++) norm[i] = 1.0f + 0.25f * gauss();
     norm[3] = norm[per - 5], norm[per + 7] = norm[per + 9]; /* the planted ties survive the norm */
-    for (int i = 0; i < n; i++) y[i] = with_norm ? x[i] * norm[i] : x[i];
+    if (with_norm && full_norm) cpu_rmsnorm(y, x, norm, n, 1e-6f);
+    else
+        for (int i = 0; i < n; i++) y[i] = with_norm ? x[i] * norm[i] : x[i];
     quant_format_of(dot)->quantize(y, ref, n);
-    const float want_scale = with_norm ? cpu_rms_scale(x, n, 1e-6f) : 1.0f;
+    const float want_scale = with_norm && !full_norm ? cpu_rms_scale(x, n, 1e-6f) : 1.0f;
     moe_error err = {0};
     float got_scale = 0.0f;
-    moe_status st = cuda_test_stage(dot, x, with_norm ? norm : NULL, 1e-6f, n, codes, scales, sums, &got_scale, &err);
+    moe_status st =
+        cuda_test_stage(dot, x, with_norm ? norm : NULL, 1e-6f, n, full_norm, codes, scales, sums, &got_scale, &err);
     CHECKF(st == MOE_OK, "%s", err.message);
-    CHECKF(st != MOE_OK || memcmp(&got_scale, &want_scale, sizeof got_scale) == 0, "%s, %d values: norm scale gpu %.9g cpu %.9g",
-           quant_format_of(dot)->name, n, got_scale, want_scale);
+    CHECKF(st != MOE_OK || memcmp(&got_scale, &want_scale, sizeof got_scale) == 0,
+           "%s, %d values%s: norm scale gpu %.9g cpu %.9g", quant_format_of(dot)->name, n,
+           full_norm ? " fully normalised" : "", got_scale, want_scale);
     int bad = 0;
     for (int b = 0; st == MOE_OK && b < n / per && !bad; b++) {
         const int8_t *qs;
@@ -618,8 +624,8 @@ static void check_stage(moe_type dot, int n, int with_norm) {
             qs = blk->qs, d = block_fp16_to_f32(block_load_u16(blk->d));
         }
         bad |= memcmp(qs, codes + b * per, (size_t)per) != 0 || memcmp(&d, &scales[b], sizeof d) != 0;
-        CHECKF(!bad, "%s, %d values%s: block %d differs (scale gpu %.9g cpu %.9g)", quant_format_of(dot)->name, n,
-               with_norm ? " normalised" : "", b, scales[b], d);
+        CHECKF(!bad, "%s, %d values%s%s: block %d differs (scale gpu %.9g cpu %.9g)", quant_format_of(dot)->name, n,
+               with_norm ? " with a norm" : "", full_norm ? " fully normalised" : "", b, scales[b], d);
     }
     free(x), free(norm), free(y), free(scales), free(codes), free(sums), free(ref);
 }
@@ -629,7 +635,9 @@ static void test_stage_exact(void) {
     const int lengths[] = {2048, 6144}; /* one chunk a warp, and two for some warps */
     for (int t = 0; t < 2; t++)
         for (int l = 0; l < 2; l++)
-            for (int with_norm = 0; with_norm < 2; with_norm++) check_stage(dots[t], lengths[l], with_norm);
+            for (int with_norm = 0; with_norm < 2; with_norm++)
+                for (int full_norm = 0; full_norm < 2; full_norm++)
+                    check_stage(dots[t], lengths[l], with_norm, full_norm);
 }
 
 /* The expert kernels' division by a multiply-high, at and around every

@@ -28,8 +28,8 @@ struct cpu_state {
     float *k_cache, *v_cache; /* (n_layers, n_ctx, kv_dim) */
     /* batch activations, max_batch rows each */
     float *x;      /* (B, n_embd) residual stream */
-    float *xn;       /* (B, n_embd) a block's input times its norm's weights */
-    float *xn_scale; /* (B) each row's RMS scale, applied to its products (norm_rows) */
+    float *xn;       /* (B, n_embd) normalised input of a block (norm_rows, products_input) */
+    float *xn_scale; /* (B) with products_input, each row's RMS scale */
     float *q;      /* (B, q_dim) */
     float *k, *v;  /* (B, kv_dim) */
     float *att;    /* (B, q_dim) attention output */
@@ -37,7 +37,6 @@ struct cpu_state {
     float *gate, *up; /* (B * slots, ff_dim) FFN hidden */
     float *ffn_out;   /* (B, n_embd) */
     float *gathered;  /* (B, n_embd) the inputs of the tokens routed to one expert */
-    float *gathered_scale; /* (B) their RMS scales */
     float *expert_out; /* (B * n_experts_used, n_embd) */
     float *router;    /* (B, n_experts) */
     int *route_ids;   /* (B, n_experts_used) */
@@ -84,7 +83,6 @@ moe_status cpu_state_new(const model *m, int n_ctx, int max_batch, int n_threads
     s->up = alloc_floats(B * k * s->ff_dim, &ok);
     s->ffn_out = alloc_floats(B * c->n_embd, &ok);
     s->gathered = alloc_floats(B * c->n_embd, &ok);
-    s->gathered_scale = alloc_floats(B, &ok);
     s->expert_out = alloc_floats(B * k * c->n_embd, &ok);
     s->router = alloc_floats(B * (c->n_experts ? c->n_experts : 1), &ok);
     s->route_w = alloc_floats(B * k, &ok);
@@ -101,9 +99,9 @@ moe_status cpu_state_new(const model *m, int n_ctx, int max_batch, int n_threads
 void cpu_state_free(cpu_state *s) {
     if (!s) return;
     thread_pool_free(s->pool);
-    float *buffers[] = {s->k_cache, s->v_cache, s->x,       s->xn,       s->xn_scale, s->q,
-                        s->k,       s->v,       s->att,     s->scores,   s->gate,     s->up,
-                        s->ffn_out, s->gathered, s->gathered_scale, s->expert_out, s->router, s->route_w};
+    float *buffers[] = {s->k_cache, s->v_cache, s->x,   s->xn,     s->xn_scale, s->q,       s->k,
+                        s->v,       s->att,     s->scores, s->gate, s->up,       s->ffn_out, s->gathered,
+                        s->expert_out, s->router, s->route_w};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) free(buffers[i]);
     free(s->route_ids);
     quantized_rows_free(&s->xq);
@@ -122,20 +120,23 @@ static int matmul(cpu_state *s, const matrix *w, const float *x, int n, int64_t 
     return 0;
 }
 
-/* The RMSNorm of n rows as two parts: out = x * weight and each row's
- * scale 1 / rms(x), which multiplies the row's products (matmul_normed)
- * instead of the row. Quantized, x * weight has the codes of the full norm
- * up to float rounding, and keeping the scale out of them is what lets the
- * GPU compute it off the path to its codes (kernels.cuh, stage_act); the
- * reference does the same so that both quantize the same values. */
-static void norm_rows(float *out, float *scale, const float *x, const vec *w, int n, int64_t dim, float eps) {
+static void norm_rows(float *out, const float *x, const vec *w, int n, int64_t dim, float eps) {
+    for (int t = 0; t < n; t++) cpu_rmsnorm(out + t * dim, x + t * dim, w->data, dim, eps);
+}
+
+/* The input of the matrix products behind a norm, as the GPU's gemv_kernel
+ * stages it: out = x * weight, the RMS scale of each row to scale[t], which
+ * multiplies the row's products (matmul_normed) instead of the row. Its
+ * codes are those of the full norm up to float rounding; the reference
+ * quantizes the same values as the GPU (kernels.cuh, stage_act). */
+static void products_input(float *out, float *scale, const float *x, const vec *w, int n, int64_t dim, float eps) {
     for (int t = 0; t < n; t++) {
         scale[t] = cpu_rms_scale(x + t * dim, dim, eps);
         for (int64_t i = 0; i < dim; i++) out[t * dim + i] = x[t * dim + i] * w->data[i];
     }
 }
 
-/* y = w x for rows of x from norm_rows: row t's products times scale[t]. */
+/* y = w x for x from products_input: row t's products times scale[t]. */
 static int matmul_normed(cpu_state *s, const matrix *w, const float *x, const float *scale, int n, float *y) {
     if (matmul(s, w, x, n, w->cols, y)) return -1;
     for (int t = 0; t < n; t++)
@@ -204,7 +205,7 @@ static void attend_one(void *ctx, int64_t task, int worker) {
 static int attention_block(cpu_state *s, int l, int n, int pos) {
     const model_config *c = &s->m->config;
     const layer_weights *w = &s->m->layers[l];
-    norm_rows(s->xn, s->xn_scale, s->x, &w->attn_norm, n, c->n_embd, c->rms_eps);
+    products_input(s->xn, s->xn_scale, s->x, &w->attn_norm, n, c->n_embd, c->rms_eps);
     if (matmul_normed(s, &w->wq, s->xn, s->xn_scale, n, s->q) || matmul_normed(s, &w->wk, s->xn, s->xn_scale, n, s->k) ||
         matmul_normed(s, &w->wv, s->xn, s->xn_scale, n, s->v))
         return -1;
@@ -225,11 +226,11 @@ static int attention_block(cpu_state *s, int l, int n, int pos) {
 /* ------------------------------------------------------------ FFN */
 
 /* out (n rows of n_embd) = down(silu(gate x) * up x) for a dense or shared
- * expert, x and scale from norm_rows. */
-static int swiglu_ffn(cpu_state *s, const matrix *gate, const matrix *up, const matrix *down, const float *x,
-                      const float *scale, int n, float *out) {
+ * expert. */
+static int swiglu_ffn(cpu_state *s, const matrix *gate, const matrix *up, const matrix *down, const float *x, int n,
+                      float *out) {
     int64_t ff = gate->rows;
-    if (matmul_normed(s, gate, x, scale, n, s->gate) || matmul_normed(s, up, x, scale, n, s->up)) return -1;
+    if (matmul(s, gate, x, n, gate->cols, s->gate) || matmul(s, up, x, n, up->cols, s->up)) return -1;
     cpu_swiglu(s->gate, s->gate, s->up, (int64_t)n * ff);
     return matmul(s, down, s->gate, n, ff, out);
 }
@@ -262,14 +263,11 @@ static int run_experts(cpu_state *s, const layer_weights *w, int n) {
         for (int i = 0; i < n * k; i++)
             if (s->route_ids[i] == e) slots[m++] = i;
         if (m == 0) continue;
-        for (int j = 0; j < m; j++) {
+        for (int j = 0; j < m; j++)
             memcpy(s->gathered + j * d, s->xn + (int64_t)(slots[j] / k) * d, (size_t)d * sizeof(float));
-            s->gathered_scale[j] = s->xn_scale[slots[j] / k];
-        }
         matrix gate = expert_matrix(&w->exp_gate, e), up = expert_matrix(&w->exp_up, e);
         matrix down = expert_matrix(&w->exp_down, e);
-        status = matmul_normed(s, &gate, s->gathered, s->gathered_scale, m, s->gate) ||
-                 matmul_normed(s, &up, s->gathered, s->gathered_scale, m, s->up);
+        status = matmul(s, &gate, s->gathered, m, d, s->gate) || matmul(s, &up, s->gathered, m, d, s->up);
         if (status) break;
         cpu_swiglu(s->gate, s->gate, s->up, (int64_t)m * ff);
         status = matmul(s, &down, s->gate, m, ff, s->ffn_out);
@@ -280,19 +278,22 @@ static int run_experts(cpu_state *s, const layer_weights *w, int n) {
     return status;
 }
 
-/* sigmoid(scale * dot(a, b)): the shared expert's gate of a row of norm_rows. */
-static float sigmoid_dot(const float *a, float scale, const float *b, int64_t n) {
+static float sigmoid_dot(const float *a, const float *b, int64_t n) {
     double dot = 0;
     for (int64_t i = 0; i < n; i++) dot += (double)a[i] * b[i];
-    return (float)(1.0 / (1.0 + exp(-(double)scale * dot)));
+    return (float)(1.0 / (1.0 + exp(-dot)));
 }
 
+/* The router multiplies as gemv_kernel does (products_input); the experts
+ * take the fully normalised input, as ffn_up stages it. */
 static int moe_ffn(cpu_state *s, const layer_weights *w, int n) {
     const model_config *c = &s->m->config;
     int k = c->n_experts_used;
     int64_t d = c->n_embd;
+    products_input(s->xn, s->xn_scale, s->x, &w->ffn_norm, n, d, c->rms_eps);
     if (matmul_normed(s, &w->router, s->xn, s->xn_scale, n, s->router)) return -1;
     route_tokens(s, n);
+    norm_rows(s->xn, s->x, &w->ffn_norm, n, d, c->rms_eps);
     if (run_experts(s, w, n)) return -1;
     for (int t = 0; t < n; t++) {
         float *x = s->x + t * d;
@@ -303,9 +304,9 @@ static int moe_ffn(cpu_state *s, const layer_weights *w, int n) {
         }
     }
     if (!w->sh_gate.data) return 0;
-    if (swiglu_ffn(s, &w->sh_gate, &w->sh_up, &w->sh_down, s->xn, s->xn_scale, n, s->ffn_out)) return -1;
+    if (swiglu_ffn(s, &w->sh_gate, &w->sh_up, &w->sh_down, s->xn, n, s->ffn_out)) return -1;
     for (int t = 0; t < n; t++) {
-        float g = w->sh_gate_inp.data ? sigmoid_dot(s->xn + t * d, s->xn_scale[t], w->sh_gate_inp.data, d) : 1.0f;
+        float g = w->sh_gate_inp.data ? sigmoid_dot(s->xn + t * d, w->sh_gate_inp.data, d) : 1.0f;
         for (int64_t i = 0; i < d; i++) s->x[t * d + i] += g * s->ffn_out[t * d + i];
     }
     return 0;
@@ -314,9 +315,9 @@ static int moe_ffn(cpu_state *s, const layer_weights *w, int n) {
 static int ffn_block(cpu_state *s, int l, int n) {
     const model_config *c = &s->m->config;
     const layer_weights *w = &s->m->layers[l];
-    norm_rows(s->xn, s->xn_scale, s->x, &w->ffn_norm, n, c->n_embd, c->rms_eps);
     if (c->n_experts) return moe_ffn(s, w, n);
-    if (swiglu_ffn(s, &w->ffn_gate, &w->ffn_up, &w->ffn_down, s->xn, s->xn_scale, n, s->ffn_out)) return -1;
+    norm_rows(s->xn, s->x, &w->ffn_norm, n, c->n_embd, c->rms_eps);
+    if (swiglu_ffn(s, &w->ffn_gate, &w->ffn_up, &w->ffn_down, s->xn, n, s->ffn_out)) return -1;
     for (int64_t i = 0; i < (int64_t)n * c->n_embd; i++) s->x[i] += s->ffn_out[i];
     return 0;
 }
@@ -333,8 +334,8 @@ static void embed(cpu_state *s, const int32_t *tokens, int n) {
 static int head(cpu_state *s, int n, int n_out, float *logits) {
     const model_config *c = &s->m->config;
     int first = n - n_out;
-    norm_rows(s->xn, s->xn_scale, s->x + (int64_t)first * c->n_embd, &s->m->output_norm, n_out, c->n_embd,
-              c->rms_eps);
+    products_input(s->xn, s->xn_scale, s->x + (int64_t)first * c->n_embd, &s->m->output_norm, n_out, c->n_embd,
+                   c->rms_eps);
     return matmul_normed(s, &s->m->output, s->xn, s->xn_scale, n_out, logits);
 }
 

@@ -180,13 +180,16 @@ moe_status cuda_state_peek(cuda_state *s, const char *what, float *out, int n, m
  * multiply-high), for t >= 0 and t * d < 2^32. */
 int cuda_test_div_magic(int t, int d);
 
-/* x (n floats; times the RMSNorm's weights norm when given) staged as the
- * matrix kernels stage their input, for dot_type MOE_TYPE_Q8_K or
- * MOE_TYPE_Q8_0: codes[n], scales[n / 256 or n / 32], for Q8_K sums[n / 16]
- * (each 16 codes' sum; NULL for Q8_0) and the norm's RMS scale (eps; 1
- * without a norm) in *norm_scale. */
-moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm, float eps, int n, int8_t *codes,
-                           float *scales, int16_t *sums, float *norm_scale, moe_error *err);
+/* x (n floats) staged as the matrix kernels stage their input, for
+ * dot_type MOE_TYPE_Q8_K or MOE_TYPE_Q8_0, with the RMSNorm of weights
+ * `norm` (eps) when given: fully normalised as ffn_up stages it
+ * (full_norm), else times the weights as the matrix products do, the RMS
+ * scale apart. Out: codes[n], scales[n / 256 or n / 32], for Q8_K
+ * sums[n / 16] (each 16 codes' sum; NULL for Q8_0), and in *norm_scale
+ * the factor the products take (the RMS scale; 1 with full_norm or
+ * without a norm). */
+moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm, float eps, int n, bool full_norm,
+                           int8_t *codes, float *scales, int16_t *sums, float *norm_scale, moe_error *err);
 
 /* y[rows] = W x, x of cols floats, through the decode step's gemv kernel. */
 moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, const float *x, float *y, moe_error *err);

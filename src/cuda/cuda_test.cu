@@ -71,10 +71,12 @@ static int test_grid(const cuda_format *f, int kernel, size_t smem, int rows, in
 
 /* One block stages its input and copies the staged activation out, read
  * through act_view_of as the kernels read it. */
-static __global__ void stage_kernel(int kind, const act_in in, int8_t *codes, float *scales, int16_t *sums,
-                                    float *norm_scale) {
+static __global__ void stage_kernel(int kind, const act_in in, bool full_norm, int8_t *codes, float *scales,
+                                    int16_t *sums, float *norm_scale) {
     DYN_SMEM(uint8_t, smem);
-    const float s = stage_act(kind, in, smem, NULL, NULL);
+    float s = 1.0f;
+    if (full_norm) stage_act_normed(kind, in, smem, NULL, NULL);
+    else s = stage_act(kind, in, smem);
     if (threadIdx.x == blockDim.x - 1) *norm_scale = s; /* the last warp: its scale is computed as the first's */
     const act_view v = act_view_of(kind, smem, in.n);
     const int per = kind == ACT_Q8K ? 256 : 32;
@@ -85,8 +87,8 @@ static __global__ void stage_kernel(int kind, const act_in in, int8_t *codes, fl
     }
 }
 
-moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm, float eps, int n, int8_t *codes,
-                           float *scales, int16_t *sums, float *norm_scale, moe_error *err) {
+moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm, float eps, int n, bool full_norm,
+                           int8_t *codes, float *scales, int16_t *sums, float *norm_scale, moe_error *err) {
     const int kind = dot_type == MOE_TYPE_Q8_K ? ACT_Q8K : ACT_Q80, per = kind == ACT_Q8K ? 256 : 32;
     const size_t smem = gemv_smem(kind, n);
     if ((dot_type != MOE_TYPE_Q8_K && dot_type != MOE_TYPE_Q8_0) || n <= 0 || n % per || smem > 48 * 1024)
@@ -110,7 +112,7 @@ moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm,
         if (e == cudaSuccess) e = cudaMemset(dscales, 0xff, (size_t)n / per * 4);
         if (e == cudaSuccess) e = cudaMemset(dsums, 0xff, (size_t)n / 16 * 2);
         if (e == cudaSuccess) {
-            LAUNCH(stage_kernel, 1, GEMV_THREADS, smem, 0, kind, act_in{dx, dnorm, eps, n}, dcodes, dscales, dsums,
+            LAUNCH(stage_kernel, 1, GEMV_THREADS, smem, 0, kind, act_in{dx, dnorm, eps, n}, full_norm, dcodes, dscales, dsums,
                    dnorm_scale);
             e = cudaGetLastError();
         }

@@ -34,9 +34,9 @@
  * extra registers leave one 512-thread block a multiprocessor.
  *
  * Activations: every block reads the f32 input (the residual stream, or
- * the FFN hidden state), times the RMSNorm's weights when asked (the RMS
- * scale multiplies the products instead: stage_act), and quantizes it
- * into shared memory exactly as the CPU reference does for the format's
+ * the FFN hidden state), applies the RMSNorm when asked (in the matrix
+ * products its scale multiplies the results instead: stage_act), and
+ * quantizes it into shared memory exactly as the CPU reference does for the format's
  * dot type: Q8_K (256 per block, f32 scale, sums of 16) for the K-quants,
  * Q8_0 (32 per block, fp16 scale) for Q8_0, Q4_0, Q5_0 and IQ4_NL, f32 for
  * the float types. Same input, same codes, so the integer dot products are
@@ -231,40 +231,37 @@ __device__ __forceinline__ double chunk_squares(const float *v) {
     return ss;
 }
 
-/* The staging's end, after each thread has written its part of the
- * activation and summed the squares of its inputs (ss, with a norm): the
- * barrier that publishes the activation, then the norm's scale from the
- * warps' sums, which every thread computes for itself. Only a row's result
- * needs the scale (stage_act), so it is off the path to the codes. With
- * gate_w, block 0 also stores sigmoid(dot(normalised input, gate_w)) in
- * *gate_out (the shared expert's gate). scratch: 64 floats. */
-__device__ __forceinline__ float finish_staging(const act_in &in, double ss, const float *gate_w, float *gate_out,
-                                                float *scratch) {
+/* Two stagings, each measured where it runs (bench/decode-plan.md, fact
+ * 34). Behind a norm, the matrix products (gemv_kernel: q|k|v, a router,
+ * the head) stage x * w, whose codes are those of the full norm up to
+ * float rounding (a block's largest magnitude scales with it), and
+ * multiply each row's result by the RMS scale s: s, a block-wide double
+ * sum, a square root and a division, is then off the path to the codes.
+ * ffn_up stages before its wait, where that path is hidden anyway, and
+ * quantizes the fully normalised input (stage_act_normed): with the
+ * products' staging its rows ran 1 us slower. cpu_forward.c multiplies the
+ * same way, so that both quantize the same values. */
+
+/* The products' staging after each thread has written its part and, with
+ * a norm, summed its inputs' squares (ss): the barrier that publishes the
+ * activation, then s from the warps' sums, which every thread computes for
+ * itself; 1 without a norm. scratch: 64 floats. */
+__device__ __forceinline__ float finish_staging(const act_in &in, double ss, float *scratch) {
     const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    double *warp_ss = (double *)(scratch + 32); /* block_sum's 32 floats come first */
+    double *warp_ss = (double *)scratch;
     if (in.norm) {
         ss = warp_sum_double(ss);
         if ((threadIdx.x & 31) == 0) warp_ss[warp] = ss;
     }
-    float gate_dot = 0.0f;
-    if (gate_w) {
-        for (int i = threadIdx.x; i < in.n; i += blockDim.x) gate_dot += in.src[i] * (in.norm ? in.norm[i] : 1.0f) * gate_w[i];
-        gate_dot = block_sum(gate_dot, scratch);
-    }
     __syncthreads();
-    float scale = 1.0f;
-    if (in.norm) {
-        ss = 0.0;
-        for (int w = 0; w < nw; w++) ss += warp_ss[w];
-        scale = rms_scale(ss, in.n, in.eps);
-    }
-    if (gate_w && threadIdx.x == 0 && blockIdx.x == 0) *gate_out = 1.0f / (1.0f + expf(-scale * gate_dot));
-    return scale;
+    if (!in.norm) return 1.0f;
+    ss = 0.0;
+    for (int w = 0; w < nw; w++) ss += warp_ss[w];
+    return rms_scale(ss, in.n, in.eps);
 }
 
 /* stage_act for the float formats: the input (times the norm's weights) as f32. */
-__device__ __forceinline__ float stage_f32(const act_in &in, float *f, const float *gate_w, float *gate_out,
-                                           float *scratch) {
+__device__ __forceinline__ float stage_f32(const act_in &in, float *f, float *scratch) {
     double ss = 0.0;
     for (int i = threadIdx.x * 4; i < in.n; i += blockDim.x * 4) {
         float4 v = *(const float4 *)(in.src + i);
@@ -275,22 +272,16 @@ __device__ __forceinline__ float stage_f32(const act_in &in, float *f, const flo
         }
         *(float4 *)(f + i) = v;
     }
-    return finish_staging(in, ss, gate_w, gate_out, scratch);
+    return finish_staging(in, ss, scratch);
 }
 
-/* Stages `in` into shared memory as `kind`: with a norm, x * w (norm_rows
- * in cpu_forward.c) and returns the RMS scale s, which multiplies every
- * product with the activation; 1 without. A block's largest magnitude
- * scales with s, so the codes of x * w are those of the full norm up to
- * float rounding, and the barrier and the double-precision scale it needs
- * no longer come before them (decode-plan fact 34). With gate_w, block 0
- * also stores the shared expert's gate (finish_staging). Ends with a
- * barrier. */
-__device__ __forceinline__ float stage_act(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
-                                           float *gate_out) {
+/* The products' staging of `in` into shared memory as `kind`: x, times the
+ * norm's weights w when given. Returns the factor every product with it
+ * takes: the RMS scale with a norm, 1 without. Ends with a barrier. */
+__device__ __forceinline__ float stage_act(int kind, const act_in &in, uint8_t *smem) {
     const int n = in.n, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float *scratch = (float *)(smem + act_bytes(kind, n));
-    if (kind == ACT_F32) return stage_f32(in, (float *)smem, gate_w, gate_out, scratch);
+    if (kind == ACT_F32) return stage_f32(in, (float *)smem, scratch);
     /* A warp takes 256 values, 8 per lane: lane l holds [256 c + 8 l, +8).
      * (Two chunks a round, their loads issued together, made the kernels'
      * code 8-20% larger and the step slower: bench/decode-plan.md, fact 20.) */
@@ -304,21 +295,88 @@ __device__ __forceinline__ float stage_act(int kind, const act_in &in, uint8_t *
         for (int k = 0; k < 8; k++) v[k] *= w[k];
         quantize_chunk(kind, v, c, c * 256 + (threadIdx.x & 31) * 8 < n, dest);
     }
-    return finish_staging(in, ss, gate_w, gate_out, scratch);
+    return finish_staging(in, ss, scratch);
 }
 
-/* stage_act with the norm's scale folded into the staged activation (its
- * block scales, or the f32 values), so that the products need no multiply:
- * for ffn_up, which stages before its wait, where the barrier this takes
- * is off the critical path, and whose rows keep every register busy (a
- * scale held through them made gate/up 1 us slower, decode-plan fact 34). */
-__device__ __forceinline__ void stage_act_scaled(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
+/* The shared expert's gate, sigmoid(dot(normalised input, gate_w)), to
+ * *gate_out by block 0. */
+__device__ __forceinline__ void shared_gate(const act_in &in, float scale, const float *gate_w, float *gate_out,
+                                            float *scratch) {
+    float dot = 0.0f;
+    for (int i = threadIdx.x; i < in.n; i += blockDim.x) {
+        float v = in.src[i];
+        if (in.norm) v = v * scale * in.norm[i];
+        dot += v * gate_w[i];
+    }
+    dot = block_sum(dot, scratch);
+    if (threadIdx.x == 0 && blockIdx.x == 0) *gate_out = 1.0f / (1.0f + expf(-dot));
+}
+
+/* The RMS scale of `in` (1 without a norm), the first chunk of its warp's
+ * values already in v: a block-wide sum, so every thread gets it. */
+__device__ __forceinline__ float block_rms_scale(const act_in &in, const float *v, float *scratch) {
+    if (!in.norm) return 1.0f;
+    const int warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    double ss = chunk_squares(v);
+    for (int c = warp + nw; c * 256 < in.n; c += nw) {
+        float v2[8], w2[8];
+        load_chunk(in, c, v2, w2);
+        ss += chunk_squares(v2);
+    }
+    return rms_scale(block_sum_double(ss, (double *)scratch), in.n, in.eps);
+}
+
+/* stage_act_normed for the float formats. */
+__device__ __forceinline__ void stage_f32_normed(const act_in &in, float *f, const float *gate_w, float *gate_out,
+                                                 float *scratch) {
+    const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
+    float scale = 1.0f;
+    if (in.norm) {
+        double ss = 0.0;
+        for (int i = tid * 4; i < n; i += nt * 4) {
+            float4 v = *(const float4 *)(in.src + i);
+            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        }
+        scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
+    }
+    if (gate_w) shared_gate(in, scale, gate_w, gate_out, scratch);
+    for (int i = tid * 4; i < n; i += nt * 4) {
+        float4 v = *(const float4 *)(in.src + i);
+        if (in.norm) {
+            float4 w = *(const float4 *)(in.norm + i);
+            v.x = v.x * scale * w.x, v.y = v.y * scale * w.y, v.z = v.z * scale * w.z, v.w = v.w * scale * w.w;
+        }
+        *(float4 *)(f + i) = v;
+    }
+    __syncthreads();
+}
+
+/* ffn_up's staging: `in` fully normalised (cpu_rmsnorm) and quantized
+ * into shared memory as `kind`. When gate_w is given, also computes
+ * sigmoid(dot(normalised input, gate_w)) and block 0 stores it in
+ * *gate_out (the shared expert's gate). Ends with a barrier. */
+__device__ __forceinline__ void stage_act_normed(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
                                                  float *gate_out) {
-    const float scale = stage_act(kind, in, smem, gate_w, gate_out);
-    if (!in.norm) return;
-    float *d = kind == ACT_F32 ? (float *)smem : act_dest_of(smem, in.n).d;
-    const int count = kind == ACT_F32 ? in.n : in.n / (kind == ACT_Q8K ? 256 : 32);
-    for (int i = threadIdx.x; i < count; i += blockDim.x) d[i] *= scale;
+    const int n = in.n, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float *scratch = (float *)(smem + act_bytes(kind, n));
+    if (kind == ACT_F32) {
+        stage_f32_normed(in, (float *)smem, gate_w, gate_out, scratch);
+        return;
+    }
+    /* The warp's first chunk, with the norm's weights, is loaded once for
+     * both the sum of squares and the codes: one L2 round trip for inputs
+     * up to 256 values a warp (4096 in a block), not two. */
+    float v[8], w[8];
+    load_chunk(in, warp, v, w);
+    const float scale = block_rms_scale(in, v, scratch);
+    if (gate_w) shared_gate(in, scale, gate_w, gate_out, scratch);
+    const act_dest dest = act_dest_of(smem, n);
+    for (int c = warp; c * 256 < n; c += nw) {
+        if (c != warp) load_chunk(in, c, v, w);
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = v[k] * scale * w[k];
+        quantize_chunk(kind, v, c, c * 256 + (threadIdx.x & 31) * 8 < n, dest);
+    }
     __syncthreads();
 }
 
@@ -684,7 +742,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     pdl_wait();
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    const float norm_scale = stage_act(F::ACT, a.in, smem, NULL, NULL);
+    const float norm_scale = stage_act(F::ACT, a.in, smem);
     trace_mark(a.trace, TRACE_STAGED);
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     float best = -INFINITY;
@@ -808,7 +866,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     const int U = a.n_routed ? a.gate.units : a.sh_gate.units;
     trace_mark(a.trace, TRACE_ENTRY);
     if (a.act_ready) {
-        stage_act_scaled(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
+        stage_act_normed(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
     } else {
         prefetch_floats(a.in.norm, a.in.n);
         prefetch_floats(a.shgate_w, a.in.n);
@@ -834,7 +892,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         load_pair<F>(first, p.gb, p.gm, p.ub, p.um, U, sub, L);
     }
     if (!a.act_ready) {
-        stage_act_scaled(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
+        stage_act_normed(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
         trace_mark(a.trace, TRACE_STAGED);
     }
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
@@ -927,7 +985,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         if (ids[threadIdx.x] != guessed[threadIdx.x]) guessed_wrong = 1;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
-    stage_act(F::ACT, a.in, smem, NULL, NULL); /* no norm; ends with a barrier */
+    stage_act(F::ACT, a.in, smem); /* no norm; ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
     if (a.n_routed && guessed_wrong && start + grp < total) /* the rows loaded before the wait are the wrong experts' */
         load_first_terms<F>(first, a.down, start + grp, a.n_routed, [&](int j) { return ids[j]; }, sub, L);
