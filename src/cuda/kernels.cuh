@@ -837,14 +837,17 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
 /* ---------------------------------------------------------------- FFN */
 
 /* ACT_REGS: one batch a row (units <= lanes * NP), the activation in
- * registers; a template parameter as gemv_kernel's ROWS. */
-template <class F, bool ACT_REGS>
+ * registers; a template parameter as gemv_kernel's ROWS. SHARED: the
+ * launch has a shared expert or is a dense FFN (as ffn_down's: without its
+ * gate's code Qwen3's gate/up ran 615.1 vs 612.1 tok/s, fact 34). */
+template <class F, bool ACT_REGS, bool SHARED>
 __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args a) {
     DYN_SMEM(uint8_t, smem);
     const int L = a.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane & (L - 1), grp = lane / L;
     const int R = a.gate.rows, routed_rows = a.n_routed * R;
-    const int total = routed_rows + (a.has_shared ? a.sh_gate.rows : 0);
+    const int total = routed_rows + (SHARED && a.has_shared ? a.sh_gate.rows : 0);
+    const float *shgate_w = SHARED ? a.shgate_w : NULL;
     const int start = (blockIdx.x * GEMV_WARPS + warp) * G, stride = gridDim.x * GEMV_WARPS * G;
     /* row -> the gate and up rows it multiplies */
     struct pair_rows {
@@ -852,7 +855,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     };
     __shared__ int slot_ids[MAX_EXPERTS_USED];
     auto locate = [&](int row) {
-        const bool routed = row < routed_rows;
+        const bool routed = !SHARED || row < routed_rows;
         const int j = routed ? div_by_magic(row, R, a.gate.rows_magic) : 0, r = routed ? row - j * R : row - routed_rows;
         const int e = routed ? slot_ids[j] : 0;
         const dmat &mg = routed ? a.gate : a.sh_gate, &mu = routed ? a.up : a.sh_up;
@@ -866,10 +869,10 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     const int U = a.n_routed ? a.gate.units : a.sh_gate.units;
     trace_mark(a.trace, TRACE_ENTRY);
     if (a.act_ready) {
-        stage_act_normed(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
+        stage_act_normed(F::ACT, a.in, smem, shgate_w, a.shgate_out);
     } else {
         prefetch_floats(a.in.norm, a.in.n);
-        prefetch_floats(a.shgate_w, a.in.n);
+        prefetch_floats(shgate_w, a.in.n);
     }
     pdl_wait(); /* the router's logits */
     /* Block 0 publishes the routing for ffn_down, which reads it before its
@@ -892,7 +895,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         load_pair<F>(first, p.gb, p.gm, p.ub, p.um, U, sub, L);
     }
     if (!a.act_ready) {
-        stage_act_normed(F::ACT, a.in, smem, a.shgate_w, a.shgate_out);
+        stage_act_normed(F::ACT, a.in, smem, shgate_w, a.shgate_out);
         trace_mark(a.trace, TRACE_STAGED);
     }
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
@@ -901,7 +904,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         g = group_sum(g, L);
         u = group_sum(u, L);
         if (row < total && sub == 0)
-            a.h[row < routed_rows ? row : a.h_shared_off + row - routed_rows] = g / (1.0f + expf(-g)) * u; /* cpu_swiglu */
+            a.h[!SHARED || row < routed_rows ? row : a.h_shared_off + row - routed_rows] = g / (1.0f + expf(-g)) * u; /* cpu_swiglu */
     };
     constexpr int NP = pair_batch<F>::NP;
     if constexpr (ACT_REGS) {
@@ -1029,7 +1032,7 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
 #include "cuda/dequant.cuh"
 
 /* The launches of a format's kernels, each picking the instance for the
- * launch's shape (gemv_rows, ffn_up's ACT_REGS, ffn_down's SHARED). */
+ * launch's shape (gemv_rows, ffn_up's ACT_REGS and SHARED, ffn_down's SHARED). */
 template <class F, int EPI>
 static void launch_gemv_as(const gemv_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {
     const int rows = gemv_rows<F>(a->seg[0].w.units, a->lanes, a->seg_end[a->n_seg - 1], grid);
@@ -1044,11 +1047,18 @@ static void launch_gemv(const gemv_args *a, int grid, size_t smem, cudaStream_t 
     else launch_gemv_as<F, EPI_NONE>(a, grid, smem, st, pdl);
 }
 
+template <class F, bool SHARED>
+static void launch_up_as(const ffn_up_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {
+    const int units = a->n_routed ? a->gate.units : a->sh_gate.units;
+    if (units <= a->lanes * pair_batch<F>::NP)
+        LAUNCH_PDL(pdl, (ffn_up_kernel<F, true, SHARED>), grid, GEMV_THREADS, smem, st, *a);
+    else LAUNCH_PDL(pdl, (ffn_up_kernel<F, false, SHARED>), grid, GEMV_THREADS, smem, st, *a);
+}
+
 template <class F>
 static void launch_up(const ffn_up_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {
-    const int units = a->n_routed ? a->gate.units : a->sh_gate.units;
-    if (units <= a->lanes * pair_batch<F>::NP) LAUNCH_PDL(pdl, (ffn_up_kernel<F, true>), grid, GEMV_THREADS, smem, st, *a);
-    else LAUNCH_PDL(pdl, (ffn_up_kernel<F, false>), grid, GEMV_THREADS, smem, st, *a);
+    if (a->has_shared) launch_up_as<F, true>(a, grid, smem, st, pdl);
+    else launch_up_as<F, false>(a, grid, smem, st, pdl);
 }
 
 template <class F>
@@ -1069,7 +1079,7 @@ template <class F>
 static int format_occupancy(int kernel, size_t smem) {
     int n = 0;
     cudaError_t e = kernel == 0   ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, gemv_kernel<F, EPI_NONE, ROWS_ACT>, GEMV_THREADS, smem)
-                    : kernel == 1 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ffn_up_kernel<F, true>, GEMV_THREADS, smem)
+                    : kernel == 1 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ffn_up_kernel<F, true, false>, GEMV_THREADS, smem)
                                   : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ffn_down_kernel<F, false>, GEMV_THREADS, smem);
     return e == cudaSuccess && n > 0 ? n : 1;
 }
@@ -1088,8 +1098,10 @@ static cudaError_t format_allow_smem(int bytes) {
     e = allow_smem_of(gemv_kernel<F, EPI_ARGMAX, ROWS_AHEAD>, bytes, e);
     e = allow_smem_of(gemv_kernel<F, EPI_ARGMAX, ROWS_ACT>, bytes, e);
     e = allow_smem_of(gemv_kernel<F, EPI_ARGMAX, ROWS_LOOP>, bytes, e);
-    e = allow_smem_of(ffn_up_kernel<F, true>, bytes, e);
-    e = allow_smem_of(ffn_up_kernel<F, false>, bytes, e);
+    e = allow_smem_of(ffn_up_kernel<F, true, false>, bytes, e);
+    e = allow_smem_of(ffn_up_kernel<F, false, false>, bytes, e);
+    e = allow_smem_of(ffn_up_kernel<F, true, true>, bytes, e);
+    e = allow_smem_of(ffn_up_kernel<F, false, true>, bytes, e);
     e = allow_smem_of(ffn_down_kernel<F, true>, bytes, e);
     return allow_smem_of(ffn_down_kernel<F, false>, bytes, e);
 }
