@@ -640,6 +640,21 @@ static void test_stage_exact(void) {
                     check_stage(dots[t], lengths[l], with_norm, full_norm);
 }
 
+/* moe lab's staging probe: a block's time is positive and the last block's
+ * no shorter than the median; sizes the staging cannot take are refused. */
+static void test_lab_staging(void) {
+    moe_error err = {0};
+    cuda_lab_stage g;
+    moe_status st = cuda_lab_staging(MOE_TYPE_Q8_K, CUDA_LAB_STAGE_PRODUCTS, 2048, 1, &g, &err);
+    CHECKF(st == MOE_OK, "%s", err.message);
+    CHECKF(st != MOE_OK || (g.cold_us > 0 && g.cold_last_us >= g.cold_us && g.hot_us > 0 && g.hot_last_us >= g.hot_us),
+           "cold %.3f (last %.3f), hot %.3f (last %.3f)", g.cold_us, g.cold_last_us, g.hot_us, g.hot_last_us);
+    CHECK(cuda_lab_staging(MOE_TYPE_Q8_K, CUDA_LAB_STAGE_NORMED, 2000, 1, &g, &err) == MOE_ERR_RANGE);
+    CHECKF(strstr(err.message, "q8_k") != NULL, "%s", err.message);
+    CHECK(cuda_lab_staging(MOE_TYPE_Q4_K, CUDA_LAB_STAGE_PLAIN, 2048, 1, &g, &err) == MOE_ERR_RANGE);
+    CHECK(cuda_lab_staging(MOE_TYPE_F32, CUDA_LAB_STAGE_WAYS, 2048, 1, &g, &err) == MOE_ERR_RANGE);
+}
+
 /* The expert kernels' division by a multiply-high, at and around every
  * multiple of d up to the bound t * d < 2^32 it promises, and at random t. */
 static void test_div_magic(void) {
@@ -679,6 +694,7 @@ int main(void) {
     RUN(test_top_logits);
     RUN(test_div_magic);
     RUN(test_stage_exact);
+    RUN(test_lab_staging);
     return test_summary();
 }
 

@@ -288,6 +288,31 @@ typedef struct lab_row {
 
 enum { N_CHAINS = 3, N_TOPS = 5, TOP_VOCAB = 151936, N_CODES = 3, N_Q4K_VARIANTS = 3 };
 
+/* The stagings of the decode step (kernels.cuh) at Qwen3-30B-A3B's sizes:
+ * the residual behind a norm as the matrix products and ffn_up stage it,
+ * the attention's output and ffn_down's eight hidden states without one,
+ * and the floor under each size. */
+static const struct {
+    moe_type dot;
+    int how, n;
+    const char *what;
+} stage_rows[] = {
+    {MOE_TYPE_Q8_K, CUDA_LAB_STAGE_PRODUCTS, 2048, "q|k|v, head"},
+    {MOE_TYPE_Q8_K, CUDA_LAB_STAGE_NORMED, 2048, "ffn_up"},
+    {MOE_TYPE_Q8_K, CUDA_LAB_STAGE_LOADS, 2048, "floor"},
+    {MOE_TYPE_Q8_K, CUDA_LAB_STAGE_PLAIN, 4096, "o"},
+    {MOE_TYPE_Q8_K, CUDA_LAB_STAGE_LOADS, 4096, "floor"},
+    {MOE_TYPE_Q8_K, CUDA_LAB_STAGE_PLAIN, 6144, "ffn_down, 8 x 768"},
+    {MOE_TYPE_Q8_K, CUDA_LAB_STAGE_LOADS, 6144, "floor"},
+    {MOE_TYPE_Q8_0, CUDA_LAB_STAGE_PRODUCTS, 2048, "q|k|v, head"},
+    {MOE_TYPE_Q8_0, CUDA_LAB_STAGE_NORMED, 2048, "ffn_up"},
+    {MOE_TYPE_F32, CUDA_LAB_STAGE_PRODUCTS, 2048, "router"},
+    {MOE_TYPE_F32, CUDA_LAB_STAGE_NORMED, 2048, "ffn_up"},
+};
+enum { N_STAGES = sizeof stage_rows / sizeof stage_rows[0] };
+static const char *const stage_ways[CUDA_LAB_STAGE_WAYS] = {"x * w, scale apart", "full norm", "no norm",
+                                                            "first loads + barrier"};
+
 /* The sampling rows: the top n logits (and n_extra penalised) to the host,
  * n = 0: all of them. */
 typedef struct top_row {
@@ -311,6 +336,7 @@ typedef struct lab_report {
     chain_row chains[N_CHAINS];
     top_row tops[N_TOPS];
     cuda_lab_code codes[N_CODES];
+    cuda_lab_stage stages[N_STAGES];
     int failures;
 } lab_report;
 
@@ -343,6 +369,23 @@ static void print_occupancy_warnings(const lab_row *rows, int n) {
                    rows[i].type, rows[i].what, rows[i].t.read_occupancy, rows[i].t.occupancy);
 }
 
+static void print_stages_md(const lab_report *r) {
+    printf("\n### Staging: one block an SM stages the decode step's activations\n\n");
+    printf("| input of | dot type | values | staged as | cold us | cold, last block | hot us | hot, last block |\n");
+    printf("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
+    for (int i = 0; i < N_STAGES; i++) {
+        const cuda_lab_stage *g = &r->stages[i];
+        printf("| %s | %s | %d | %s | %.2f | %.2f | %.2f | %.2f |\n", stage_rows[i].what, quant_format_of(g->dot)->name,
+               g->n, stage_ways[g->how], g->cold_us, g->cold_last_us, g->hot_us, g->hot_last_us);
+    }
+    printf("\nStaging rows: every block's time on the GPU's clock from a barrier at its entry to the staging's last "
+           "barrier, the input just written by the launch before (in L2) and the norm's weights read by it; the "
+           "median block and the last, medians of %d. Cold: after the code rows' L2 sweep and code on every "
+           "multiprocessor, as in the decode step; hot: the same launch again. The codes are held to the CPU's bit "
+           "for bit by test_stage_exact.\n",
+           r->reps);
+}
+
 static void print_markdown(const lab_report *r) {
     printf("## moe lab: %s (%d SMs)\n\n", r->device, r->n_sm);
     printf("Read bandwidth (BW): %.0f GB/s, median of %d runs of a 16-byte-load read kernel over %.1f GiB (spread "
@@ -372,6 +415,7 @@ static void print_markdown(const lab_report *r) {
            "last; cold: after a %d MB read through L2 and %d KB of other code on every multiprocessor (what a layer "
            "of the decode step puts between two runs of a kernel), hot: the same launch again. Medians of %d.\n",
            r->codes[0].sweep_mb, r->codes[0].flush_kb, r->reps);
+    print_stages_md(r);
     printf("\n### Sampling: what a token pays to bring logits to the host (%d logits)\n\n", TOP_VOCAB);
     printf("| what | top n | penalised | us per token |\n| --- | ---: | ---: | ---: |\n");
     for (int i = 0; i < N_TOPS; i++)
@@ -434,12 +478,20 @@ static void print_json(const lab_report *r) {
     for (int i = 0; i < N_CODES; i++)
         json_array_append_new(codes, json_pack("{s:i, s:f, s:f}", "kb", r->codes[i].kb, "cold_us", r->codes[i].cold_us,
                                                "hot_us", r->codes[i].hot_us));
-    json_t *root = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:o, s:o, s:o, s:o}", "device", r->device, "sms",
+    json_t *stages = json_array();
+    for (int i = 0; i < N_STAGES; i++) {
+        const cuda_lab_stage *g = &r->stages[i];
+        json_array_append_new(stages, json_pack("{s:s, s:s, s:i, s:s, s:f, s:f, s:f, s:f}", "input_of", stage_rows[i].what,
+                                                "dot_type", quant_format_of(g->dot)->name, "values", g->n, "staged_as",
+                                                stage_ways[g->how], "cold_us", g->cold_us, "cold_last_us",
+                                                g->cold_last_us, "hot_us", g->hot_us, "hot_last_us", g->hot_last_us));
+    }
+    json_t *root = json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:o, s:o, s:o, s:o, s:o, s:o}", "device", r->device, "sms",
                              r->n_sm, "repetitions", r->reps, "read_bandwidth_gbps", r->bw_median,
                              "read_bandwidth_min", r->bw_min, "read_bandwidth_max", r->bw_max, "bandwidth_buffer_gib",
                              LAB_BW_GIB, "tolerance", LAB_TOLERANCE, "gemv", json_of_rows(r, r->gemv, r->n_gemv),
                              "experts", json_of_rows(r, r->experts, r->n_experts), "launch_chain", chains,
-                             "sampling", tops, "code_fetch", codes);
+                             "sampling", tops, "code_fetch", codes, "staging", stages);
     json_dumpf(root, stdout, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
     printf("\n");
     json_decref(root);
@@ -547,6 +599,14 @@ static moe_status measure_codes(lab_report *r, moe_error *err) {
     return MOE_OK;
 }
 
+static moe_status measure_stages(lab_report *r, moe_error *err) {
+    for (int i = 0; i < N_STAGES; i++) {
+        moe_status st = cuda_lab_staging(stage_rows[i].dot, stage_rows[i].how, stage_rows[i].n, r->reps, &r->stages[i], err);
+        if (st != MOE_OK) return st;
+    }
+    return MOE_OK;
+}
+
 static moe_status measure_tops(lab_report *r, moe_error *err) {
     const top_row rows[N_TOPS] = {{"greedy", 1, 0, 0},
                                   {"top-k 40", 40, 0, 0},
@@ -588,13 +648,14 @@ static int run_lab(const lab_args *a) {
     r->reps = a->reps;
     uint64_t rng = 0x243F6A8885A308D3ull;
     moe_status st = cuda_lab_device(r->device, sizeof r->device, &r->n_sm, &err);
-    progress *bar = st == MOE_OK ? progress_start("moe lab", (uint64_t)a->n_types * (N_SHAPES + 1) + 2, 1, "steps") : NULL;
+    progress *bar = st == MOE_OK ? progress_start("moe lab", (uint64_t)a->n_types * (N_SHAPES + 1) + 3, 1, "steps") : NULL;
     if (st == MOE_OK) st = measure_bandwidth(r, &err);
     for (int t = 0; t < a->n_types && st == MOE_OK; t++) st = measure_type(r, a->types[t], threads, bar, &rng, &err);
     if (st == MOE_OK) st = measure_chains(r, &err);
     if (st == MOE_OK) st = measure_tops(r, &err);
     if (st == MOE_OK) st = measure_codes(r, &err);
-    progress_add(bar, 2);
+    if (st == MOE_OK) st = measure_stages(r, &err);
+    progress_add(bar, 3);
     progress_finish(bar);
     int status = st == MOE_OK ? 0 : cli_fail("lab", &err);
     if (status == 0) {
@@ -633,7 +694,11 @@ static void print_help(void) {
            "    brought to the host (cuda_top_logits), beside copying all of them;\n"
            "  - code fetch: one warp through 4, 16 and 64 KB of straight-line code with\n"
            "    L2 and the instruction caches cold (as each layer of the decode step\n"
-           "    leaves them for the next) and hot.\n"
+           "    leaves them for the next) and hot;\n"
+           "  - staging: one block an SM staging the decode step's activations (the\n"
+           "    residual behind a norm as the matrix products and ffn_up stage it, the\n"
+           "    attention's output, ffn_down's hidden states) as Q8_K, Q8_0 and f32,\n"
+           "    beside the floor of their first loads and a barrier, cold and hot.\n"
            "Weights are copied on the GPU until the copies exceed four times its L2 and\n"
            "every launch reads the next copy, so the figures are DRAM's. A variant whose\n"
            "worst |gpu - cpu| / sum |w x| is over 1e-5 is marked FAIL, is not timed, and\n"

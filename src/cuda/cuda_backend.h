@@ -289,6 +289,23 @@ typedef struct cuda_lab_code {
     int sweep_mb, flush_kb; /* what ran before the cold run: an L2 sweep, other code on every SM */
 } cuda_lab_code;
 
+/* How one block stages an activation (kernels.cuh): as the matrix
+ * products do (x * w, the RMS scale apart), as ffn_up does (the full
+ * norm), without a norm, or just its first chunk's loads and one barrier
+ * (the floor under the others). */
+enum { CUDA_LAB_STAGE_PRODUCTS, CUDA_LAB_STAGE_NORMED, CUDA_LAB_STAGE_PLAIN, CUDA_LAB_STAGE_LOADS, CUDA_LAB_STAGE_WAYS };
+
+/* One staging timed in every block of a launch of one block an SM, from a
+ * barrier at its entry to the staging's last barrier: with L2 and the
+ * instruction caches swept before it (cold, as between two layers of the
+ * decode step) and right after that (hot); medians over the runs of the
+ * blocks' median and of their largest (last). */
+typedef struct cuda_lab_stage {
+    moe_type dot; /* MOE_TYPE_Q8_K, MOE_TYPE_Q8_0 or MOE_TYPE_F32 */
+    int how, n;   /* CUDA_LAB_STAGE_*, values staged */
+    double cold_us, cold_last_us, hot_us, hot_last_us;
+} cuda_lab_stage;
+
 /* The GPU's name and number of SMs. */
 moe_status cuda_lab_device(char *name, size_t len, int *n_sm, moe_error *err);
 /* gemv_kernel on rows x cols of `type` (GGUF rows at w). */
@@ -310,6 +327,10 @@ moe_status cuda_lab_top_logits(int n_vocab, int n, int n_extra, int reps, double
 moe_status cuda_lab_launch_chain(int launches, int blocks, int threads, int reps, cuda_lab_chain *out, moe_error *err);
 /* cuda_lab_code of kb = 4, 16 or 64, reps times after a warm-up. */
 moe_status cuda_lab_code_fetch(int kb, int reps, cuda_lab_code *out, moe_error *err);
+/* cuda_lab_stage of n values of dot type `dot`, staged `how`, reps times
+ * after a warm-up; the norm's weights are given for every way but
+ * CUDA_LAB_STAGE_PLAIN. */
+moe_status cuda_lab_staging(moe_type dot, int how, int n, int reps, cuda_lab_stage *out, moe_error *err);
 
 #else /* no CUDA in this build */
 

@@ -880,6 +880,145 @@ moe_status cuda_lab_code_fetch(int kb, int reps, cuda_lab_code *out, moe_error *
     return st;
 }
 
+/* ---------------------------------------------------------------- staging */
+
+enum { LAB_MAX_SMS = 1024 }; /* the blocks of one probe, one an SM */
+
+/* One launch of n_sm blocks, each staging an activation of n values as
+ * the decode step's kernels do after their wait (kernels.cuh), timed by
+ * every block from a barrier at its entry to the staging's last barrier:
+ * the products' staging (x * w, the RMS scale apart), ffn_up's (the full
+ * norm), none (no norm), or the floor under them (its first chunk's loads
+ * and one barrier). */
+template <int KIND, int HOW>
+__global__ void __launch_bounds__(GEMV_THREADS) stage_probe_kernel(const act_in in, uint64_t *ns, unsigned *sink) {
+    DYN_SMEM(uint8_t, smem);
+    __syncthreads();
+    const uint64_t t0 = global_ns();
+    float kept = 1.0f;
+    if (HOW == CUDA_LAB_STAGE_PRODUCTS) kept = stage_act(KIND, in, smem);
+    else if (HOW == CUDA_LAB_STAGE_NORMED) stage_act_normed(KIND, in, smem, NULL, NULL);
+    else if (HOW == CUDA_LAB_STAGE_PLAIN) kept = stage_act(KIND, act_in{in.src, NULL, in.eps, in.n}, smem);
+    else {
+        float v[8], w[8];
+        load_chunk(in, threadIdx.x >> 5, v, w);
+#pragma unroll
+        for (int k = 0; k < 8; k++) kept += v[k] * w[k];
+        __syncthreads();
+    }
+    const uint64_t t1 = global_ns();
+    if (threadIdx.x == 0) ns[blockIdx.x] = t1 - t0;
+    if (__float_as_uint(kept) == LAB_SENTINEL) *sink = smem[threadIdx.x & 15]; /* keeps the staging */
+}
+
+/* The decode's input as it finds it: x just written (in L2), the norm's
+ * weights read (prefetched into L2 before the wait). */
+__global__ void stage_input_kernel(float *x, const float *norm, int n, unsigned *sink) {
+    float acc = 0.0f;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        x[i] = 0.5f + (float)((i * 2654435761u) >> 20) * 0x1.0p-12f - (i & 1);
+        acc += norm[i];
+    }
+    if (__float_as_uint(acc) == LAB_SENTINEL) *sink = 1;
+}
+
+template <int KIND>
+static void launch_probe(lab_ctx *c, int how, const act_in &in, size_t smem, uint64_t *ns) {
+    if (how == CUDA_LAB_STAGE_PRODUCTS) LAUNCH((stage_probe_kernel<KIND, CUDA_LAB_STAGE_PRODUCTS>), c->n_sm, GEMV_THREADS, smem, c->stream, in, ns, c->sink);
+    else if (how == CUDA_LAB_STAGE_NORMED) LAUNCH((stage_probe_kernel<KIND, CUDA_LAB_STAGE_NORMED>), c->n_sm, GEMV_THREADS, smem, c->stream, in, ns, c->sink);
+    else if (how == CUDA_LAB_STAGE_PLAIN) LAUNCH((stage_probe_kernel<KIND, CUDA_LAB_STAGE_PLAIN>), c->n_sm, GEMV_THREADS, smem, c->stream, in, ns, c->sink);
+    else LAUNCH((stage_probe_kernel<KIND, CUDA_LAB_STAGE_LOADS>), c->n_sm, GEMV_THREADS, smem, c->stream, in, ns, c->sink);
+}
+
+template <int KIND>
+static cudaError_t allow_probe_smem(int bytes) {
+    cudaError_t e = cudaFuncSetAttribute(stage_probe_kernel<KIND, CUDA_LAB_STAGE_PRODUCTS>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(stage_probe_kernel<KIND, CUDA_LAB_STAGE_NORMED>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(stage_probe_kernel<KIND, CUDA_LAB_STAGE_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(stage_probe_kernel<KIND, CUDA_LAB_STAGE_LOADS>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    return e;
+}
+
+/* One probe after its input: cold runs first sweep L2 and every
+ * multiprocessor's instruction caches, as a layer of the decode step does
+ * between two runs of a kernel. The median and the largest of the blocks'
+ * times to *median_us and *last_us. */
+static moe_status run_probe(lab_ctx *c, int kind, int how, const act_in &in, float *x, size_t smem, bool cold,
+                            const uint4 *sweep, float *code_x, uint64_t *ns, double *median_us, double *last_us) {
+    moe_error *err = c->err;
+    if (cold) {
+        LAUNCH(sweep_kernel, 4 * c->n_sm, 512, 0, c->stream, sweep, (size_t)SWEEP_BYTES / 16, c->sink);
+        LAUNCH(code_kernel<FLUSH_KB>, 2 * c->n_sm, 32, 0, c->stream, code_x, ns + c->n_sm);
+    }
+    LAUNCH(stage_input_kernel, 4, 256, 0, c->stream, x, in.norm, in.n, c->sink);
+    if (kind == ACT_Q8K) launch_probe<ACT_Q8K>(c, how, in, smem, ns);
+    else if (kind == ACT_Q80) launch_probe<ACT_Q80>(c, how, in, smem, ns);
+    else launch_probe<ACT_F32>(c, how, in, smem, ns);
+    CUDA_CHECK(cudaGetLastError());
+    uint64_t t[LAB_MAX_SMS];
+    CUDA_CHECK(cudaMemcpyAsync(t, ns, (size_t)c->n_sm * sizeof *t, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_CHECK(cudaStreamSynchronize(c->stream));
+    double us[LAB_MAX_SMS];
+    *last_us = 0;
+    for (int b = 0; b < c->n_sm; b++) {
+        us[b] = t[b] * 1e-3;
+        if (us[b] > *last_us) *last_us = us[b];
+    }
+    *median_us = median_sort(us, c->n_sm);
+    return MOE_OK;
+}
+
+static moe_status time_staging(lab_ctx *c, int kind, int how, int n, int reps, cuda_lab_stage *out) {
+    moe_error *err = c->err;
+    const size_t smem = gemv_smem(kind, n);
+    float *x = NULL, *norm = NULL, *code_x = NULL;
+    uint4 *sweep = NULL;
+    uint64_t *ns = NULL;
+    moe_status st = lab_alloc(c, (void **)&x, (size_t)n * sizeof(float));
+    if (st == MOE_OK) st = upload_values(c, &norm, n, [](int i) { return 1.0f + 0.25f * (float)((i * 40503u) % 7) / 7; });
+    if (st == MOE_OK) st = lab_alloc(c, (void **)&sweep, SWEEP_BYTES);
+    if (st == MOE_OK) st = lab_alloc(c, (void **)&code_x, 9 * sizeof(float));
+    if (st == MOE_OK) st = lab_alloc(c, (void **)&ns, 2 * (size_t)c->n_sm * sizeof(uint64_t));
+    if (st != MOE_OK) return st;
+    CUDA_CHECK(cudaMemset(sweep, 0, SWEEP_BYTES));
+    CUDA_CHECK(cudaMemset(code_x, 0, 9 * sizeof(float)));
+    CUDA_CHECK(kind == ACT_Q8K ? allow_probe_smem<ACT_Q8K>((int)smem)
+               : kind == ACT_Q80 ? allow_probe_smem<ACT_Q80>((int)smem)
+                                 : allow_probe_smem<ACT_F32>((int)smem));
+    const act_in in = {x, norm, 1e-6f, n};
+    double cold[CUDA_LAB_MAX_REPS], cold_last[CUDA_LAB_MAX_REPS], hot[CUDA_LAB_MAX_REPS], hot_last[CUDA_LAB_MAX_REPS];
+    for (int r = -1; r < reps && st == MOE_OK; r++) { /* r = -1: loads the module's code once */
+        double m, l;
+        st = run_probe(c, kind, how, in, x, smem, true, sweep, code_x, ns, &m, &l);
+        if (st == MOE_OK && r >= 0) cold[r] = m, cold_last[r] = l;
+        if (st == MOE_OK) st = run_probe(c, kind, how, in, x, smem, false, sweep, code_x, ns, &m, &l);
+        if (st == MOE_OK && r >= 0) hot[r] = m, hot_last[r] = l;
+    }
+    if (st != MOE_OK) return st;
+    out->cold_us = median_sort(cold, reps), out->cold_last_us = median_sort(cold_last, reps);
+    out->hot_us = median_sort(hot, reps), out->hot_last_us = median_sort(hot_last, reps);
+    return MOE_OK;
+}
+
+moe_status cuda_lab_staging(moe_type dot, int how, int n, int reps, cuda_lab_stage *out, moe_error *err) {
+    memset(out, 0, sizeof *out);
+    out->dot = dot, out->how = how, out->n = n;
+    if (check_reps(reps, err) != MOE_OK) return MOE_ERR_RANGE;
+    const int kind = dot == MOE_TYPE_Q8_K ? ACT_Q8K : dot == MOE_TYPE_Q8_0 ? ACT_Q80 : ACT_F32;
+    const int per = kind == ACT_Q8K ? 256 : 32;
+    if ((dot != MOE_TYPE_Q8_K && dot != MOE_TYPE_Q8_0 && dot != MOE_TYPE_F32) || how < 0 ||
+        how >= CUDA_LAB_STAGE_WAYS || n <= 0 || n % per || gemv_smem(kind, n) > 48 * 1024)
+        return moe_error_set(err, MOE_ERR_RANGE, "lab: staging %d values as %s, way %d", n,
+                             quant_format_of(dot) ? quant_format_of(dot)->name : "an unknown type", how);
+    lab_ctx c;
+    moe_status st = lab_open(&c, err);
+    if (st == MOE_OK && c.n_sm > LAB_MAX_SMS)
+        st = moe_error_set(err, MOE_ERR_UNSUPPORTED, "lab: %d SMs (at most %d)", c.n_sm, LAB_MAX_SMS);
+    if (st == MOE_OK) st = time_staging(&c, kind, how, n, reps, out);
+    lab_close(&c);
+    return st;
+}
+
 /* ---------------------------------------------------------------- the device */
 
 moe_status cuda_lab_device(char *name, size_t len, int *n_sm, moe_error *err) {
