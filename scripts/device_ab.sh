@@ -12,6 +12,9 @@
 # builds each .carry/*.tar beside the run's own build ($MOE) and prints, to
 # experiment.log: tg128 twice per variant, tg32 at depth 4096, and the
 # layer timeline at positions 64 and 512 (MOE_AB_TIMELINE=0 leaves those out).
+# MOE_AB_SASS=FILE.cu also brings back the SASS of that family file's
+# kernels for every variant, as one $OUT/sass.tar.gz (a run returns at most
+# eight files).
 set -u
 shopt -s nullglob
 cd "$(dirname "$0")/.." || exit 1
@@ -60,9 +63,24 @@ timeline() {
     done
 }
 
+# The SASS of src/cuda/$1's kernels in each variant's build, into $OUT/sass.tar.gz.
+sass() {
+    local dir=/tmp/ab-sass object=CMakeFiles/moecore.dir/src/cuda/$1.o
+    mkdir -p "$dir"
+    cuobjdump -sass "$(dirname "$MOE")/$object" >"$dir/sass-main.txt" 2>&1
+    for build in /tmp/ab-*-build; do
+        [ -d "$build" ] || continue
+        local name=${build#/tmp/ab-}
+        cuobjdump -sass "$build/$object" >"$dir/sass-${name%-build}.txt" 2>&1
+    done
+    tar -czf "${OUT:?}/sass.tar.gz" -C "$dir" .
+    echo "== SASS of $1: $(ls "$dir" | tr '\n' ' ')-> \$OUT/sass.tar.gz"
+}
+
 run() {
     : "${MOE:?set by device_run.sh}" "${MODEL:?set by device_run.sh}"
     build_variants
+    [ -n "${MOE_AB_SASS:-}" ] && sass "$MOE_AB_SASS"
     bench tg128 -p 0 -n 128 -r 5
     bench tg128 -p 0 -n 128 -r 5
     bench d4096 -p 0 -n 32 -r 2 -d 4096
@@ -75,9 +93,9 @@ run() {
 case "${1:-}" in
 pack) shift && pack "$@" ;;
 run) run ;;
--h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' ;;
 *)
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac
