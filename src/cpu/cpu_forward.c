@@ -27,10 +27,10 @@ struct cpu_state {
     int q_dim, kv_dim, ff_dim;
     float *k_cache, *v_cache; /* (n_layers, n_ctx, kv_dim) */
     /* batch activations, max_batch rows each */
-    float *x;      /* (B, n_embd) residual stream */
+    float *x;        /* (B, n_embd) residual stream */
     float *xn;       /* (B, n_embd) normalised input of a block (norm_rows, products_input) */
     float *xn_scale; /* (B) with products_input, each row's RMS scale */
-    float *q;      /* (B, q_dim) */
+    float *q;        /* (B, q_dim) */
     float *k, *v;  /* (B, kv_dim) */
     float *att;    /* (B, q_dim) attention output */
     float *scores; /* (n_threads, n_ctx) */
@@ -99,9 +99,9 @@ moe_status cpu_state_new(const model *m, int n_ctx, int max_batch, int n_threads
 void cpu_state_free(cpu_state *s) {
     if (!s) return;
     thread_pool_free(s->pool);
-    float *buffers[] = {s->k_cache, s->v_cache, s->x,   s->xn,     s->xn_scale, s->q,       s->k,
-                        s->v,       s->att,     s->scores, s->gate, s->up,       s->ffn_out, s->gathered,
-                        s->expert_out, s->router, s->route_w};
+    float *buffers[] = {s->k_cache, s->v_cache,  s->x,       s->xn,     s->xn_scale, s->q,
+                        s->k,       s->v,        s->att,     s->scores, s->gate,     s->up,
+                        s->ffn_out, s->gathered, s->expert_out, s->router, s->route_w};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) free(buffers[i]);
     free(s->route_ids);
     quantized_rows_free(&s->xq);

@@ -36,10 +36,10 @@
  * Activations: every block reads the f32 input (the residual stream, or
  * the FFN hidden state), applies the RMSNorm when asked (in the matrix
  * products its scale multiplies the results instead: stage_act), and
- * quantizes it into shared memory exactly as the CPU reference does for the format's
- * dot type: Q8_K (256 per block, f32 scale, sums of 16) for the K-quants,
- * Q8_0 (32 per block, fp16 scale) for Q8_0, Q4_0, Q5_0 and IQ4_NL, f32 for
- * the float types. Same input, same codes, so the integer dot products are
+ * quantizes it into shared memory exactly as the CPU reference does for
+ * the format's dot type: Q8_K (256 per block, f32 scale, sums of 16) for
+ * the K-quants, Q8_0 (32 per block, fp16 scale) for Q8_0, Q4_0, Q5_0 and
+ * IQ4_NL, f32 for the float types. Same input, same codes, so the integer dot products are
  * those of the CPU and only the order of float additions differs (the GPU
  * and the CPU agree to ~1e-6 relative; see tests/test_cuda_kernels.c).
  * Redundant across blocks (a few KB read from L2 each), but it removes a
@@ -838,8 +838,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
 
 /* ACT_REGS: one batch a row (units <= lanes * NP), the activation in
  * registers; a template parameter as gemv_kernel's ROWS. SHARED: the
- * launch has a shared expert or is a dense FFN (as ffn_down's: without its
- * gate's code Qwen3's gate/up ran 615.1 vs 612.1 tok/s, fact 34). */
+ * launch has a shared expert or is a dense FFN, as ffn_down's (without the
+ * shared gate's code, Qwen3's decode ran 617.0 vs 610.4 tok/s: fact 35). */
 template <class F, bool ACT_REGS, bool SHARED>
 __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args a) {
     DYN_SMEM(uint8_t, smem);
