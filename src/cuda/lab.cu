@@ -922,28 +922,26 @@ __global__ void stage_input_kernel(float *x, const float *norm, int n, unsigned 
     if (__float_as_uint(acc) == LAB_SENTINEL) *sink = 1;
 }
 
-template <int KIND>
-static void launch_probe(lab_ctx *c, int how, const act_in &in, size_t smem, uint64_t *ns) {
-    if (how == CUDA_LAB_STAGE_PRODUCTS) LAUNCH((stage_probe_kernel<KIND, CUDA_LAB_STAGE_PRODUCTS>), c->n_sm, GEMV_THREADS, smem, c->stream, in, ns, c->sink);
-    else if (how == CUDA_LAB_STAGE_NORMED) LAUNCH((stage_probe_kernel<KIND, CUDA_LAB_STAGE_NORMED>), c->n_sm, GEMV_THREADS, smem, c->stream, in, ns, c->sink);
-    else if (how == CUDA_LAB_STAGE_PLAIN) LAUNCH((stage_probe_kernel<KIND, CUDA_LAB_STAGE_PLAIN>), c->n_sm, GEMV_THREADS, smem, c->stream, in, ns, c->sink);
-    else LAUNCH((stage_probe_kernel<KIND, CUDA_LAB_STAGE_LOADS>), c->n_sm, GEMV_THREADS, smem, c->stream, in, ns, c->sink);
-}
+typedef void (*probe_kernel)(const act_in, uint64_t *, unsigned *);
 
 template <int KIND>
-static cudaError_t allow_probe_smem(int bytes) {
-    cudaError_t e = cudaFuncSetAttribute(stage_probe_kernel<KIND, CUDA_LAB_STAGE_PRODUCTS>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(stage_probe_kernel<KIND, CUDA_LAB_STAGE_NORMED>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(stage_probe_kernel<KIND, CUDA_LAB_STAGE_PLAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(stage_probe_kernel<KIND, CUDA_LAB_STAGE_LOADS>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    return e;
+static probe_kernel probe_of(int how) {
+    static const probe_kernel ways[CUDA_LAB_STAGE_WAYS] = {
+        stage_probe_kernel<KIND, CUDA_LAB_STAGE_PRODUCTS>, stage_probe_kernel<KIND, CUDA_LAB_STAGE_NORMED>,
+        stage_probe_kernel<KIND, CUDA_LAB_STAGE_PLAIN>, stage_probe_kernel<KIND, CUDA_LAB_STAGE_LOADS>};
+    return ways[how];
+}
+
+/* The probe of activation kind `kind` staged `how`. */
+static probe_kernel probe_for(int kind, int how) {
+    return kind == ACT_Q8K ? probe_of<ACT_Q8K>(how) : kind == ACT_Q80 ? probe_of<ACT_Q80>(how) : probe_of<ACT_F32>(how);
 }
 
 /* One probe after its input: cold runs first sweep L2 and every
  * multiprocessor's instruction caches, as a layer of the decode step does
  * between two runs of a kernel. The median and the largest of the blocks'
  * times to *median_us and *last_us. */
-static moe_status run_probe(lab_ctx *c, int kind, int how, const act_in &in, float *x, size_t smem, bool cold,
+static moe_status run_probe(lab_ctx *c, probe_kernel probe, const act_in &in, float *x, size_t smem, bool cold,
                             const uint4 *sweep, float *code_x, uint64_t *ns, double *median_us, double *last_us) {
     moe_error *err = c->err;
     if (cold) {
@@ -951,9 +949,7 @@ static moe_status run_probe(lab_ctx *c, int kind, int how, const act_in &in, flo
         LAUNCH(code_kernel<FLUSH_KB>, 2 * c->n_sm, 32, 0, c->stream, code_x, ns + c->n_sm);
     }
     LAUNCH(stage_input_kernel, 4, 256, 0, c->stream, x, in.norm, in.n, c->sink);
-    if (kind == ACT_Q8K) launch_probe<ACT_Q8K>(c, how, in, smem, ns);
-    else if (kind == ACT_Q80) launch_probe<ACT_Q80>(c, how, in, smem, ns);
-    else launch_probe<ACT_F32>(c, how, in, smem, ns);
+    LAUNCH(probe, c->n_sm, GEMV_THREADS, smem, c->stream, in, ns, c->sink);
     CUDA_CHECK(cudaGetLastError());
     uint64_t t[LAB_MAX_SMS];
     CUDA_CHECK(cudaMemcpyAsync(t, ns, (size_t)c->n_sm * sizeof *t, cudaMemcpyDeviceToHost, c->stream));
@@ -982,16 +978,15 @@ static moe_status time_staging(lab_ctx *c, int kind, int how, int n, int reps, c
     if (st != MOE_OK) return st;
     CUDA_CHECK(cudaMemset(sweep, 0, SWEEP_BYTES));
     CUDA_CHECK(cudaMemset(code_x, 0, 9 * sizeof(float)));
-    CUDA_CHECK(kind == ACT_Q8K ? allow_probe_smem<ACT_Q8K>((int)smem)
-               : kind == ACT_Q80 ? allow_probe_smem<ACT_Q80>((int)smem)
-                                 : allow_probe_smem<ACT_F32>((int)smem));
+    const probe_kernel probe = probe_for(kind, how);
+    CUDA_CHECK(cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const act_in in = {x, norm, 1e-6f, n};
     double cold[CUDA_LAB_MAX_REPS], cold_last[CUDA_LAB_MAX_REPS], hot[CUDA_LAB_MAX_REPS], hot_last[CUDA_LAB_MAX_REPS];
     for (int r = -1; r < reps && st == MOE_OK; r++) { /* r = -1: loads the module's code once */
         double m, l;
-        st = run_probe(c, kind, how, in, x, smem, true, sweep, code_x, ns, &m, &l);
+        st = run_probe(c, probe, in, x, smem, true, sweep, code_x, ns, &m, &l);
         if (st == MOE_OK && r >= 0) cold[r] = m, cold_last[r] = l;
-        if (st == MOE_OK) st = run_probe(c, kind, how, in, x, smem, false, sweep, code_x, ns, &m, &l);
+        if (st == MOE_OK) st = run_probe(c, probe, in, x, smem, false, sweep, code_x, ns, &m, &l);
         if (st == MOE_OK && r >= 0) hot[r] = m, hot_last[r] = l;
     }
     if (st != MOE_OK) return st;
