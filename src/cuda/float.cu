@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
         } else {
             c = ldg16(row + i), g = *(const float4 *)(a.in.norm + i);
         }
-        ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+        ss += squares4(v);
         dot += __int_as_float((int)c.x) * (v.x * g.x) + __int_as_float((int)c.y) * (v.y * g.y) +
                __int_as_float((int)c.z) * (v.z * g.z) + __int_as_float((int)c.w) * (v.w * g.w);
     }

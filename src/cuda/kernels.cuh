@@ -224,6 +224,11 @@ __device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, fl
     if (in.norm) load8(in.norm + base, w);
 }
 
+/* Four values' squares summed in double, in their order. */
+__device__ __forceinline__ double squares4(const float4 &v) {
+    return (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+}
+
 __device__ __forceinline__ double chunk_squares(const float *v) {
     double ss = 0.0;
 #pragma unroll
@@ -267,7 +272,7 @@ __device__ __forceinline__ float stage_f32(const act_in &in, float *f, float *sc
         float4 v = *(const float4 *)(in.src + i);
         if (in.norm) {
             const float4 w = *(const float4 *)(in.norm + i);
-            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+            ss += squares4(v);
             v.x *= w.x, v.y *= w.y, v.z *= w.z, v.w *= w.w;
         }
         *(float4 *)(f + i) = v;
@@ -335,7 +340,7 @@ __device__ __forceinline__ void stage_f32_normed(const act_in &in, float *f, con
         double ss = 0.0;
         for (int i = tid * 4; i < n; i += nt * 4) {
             float4 v = *(const float4 *)(in.src + i);
-            ss += (double)v.x * v.x + (double)v.y * v.y + (double)v.z * v.z + (double)v.w * v.w;
+            ss += squares4(v);
         }
         scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
     }
