@@ -284,8 +284,9 @@ static float sigmoid_dot(const float *a, const float *b, int64_t n) {
     return (float)(1.0 / (1.0 + exp(-dot)));
 }
 
-/* The router multiplies as gemv_kernel does (products_input); the experts
- * take the fully normalised input, as ffn_up stages it. */
+/* The router multiplies as the GPU's do (products_input: gemv_kernel, and
+ * float.cu's router_kernel for an F32 router); the experts take the fully
+ * normalised input, as ffn_up stages it. */
 static int moe_ffn(cpu_state *s, const layer_weights *w, int n) {
     const model_config *c = &s->m->config;
     int k = c->n_experts_used;
