@@ -11,10 +11,12 @@
 #   MOE_EXPERIMENT='bash scripts/device_ab.sh run' bash scripts/device_run.sh
 # builds each .carry/*.tar beside the run's own build ($MOE) and prints, to
 # experiment.log: tg128 twice per variant, tg32 at depth 4096, and the
-# layer timeline at positions 64 and 512 (MOE_AB_TIMELINE=0 leaves those out).
+# layer timeline at positions 64 and 512 (MOE_AB_TIMELINE=0 leaves those
+# out, MOE_AB_TIMELINE="512" takes those positions).
 # MOE_AB_SASS=FILE.cu also brings back the SASS of that family file's
 # kernels for every variant, as one $OUT/sass.tar.gz (a run returns at most
-# eight files).
+# eight files). MOE_AB_STAGING=1 adds `moe lab`'s staging rows of every
+# variant (the Q4_K lab, its staging table only).
 set -u
 shopt -s nullglob
 cd "$(dirname "$0")/.." || exit 1
@@ -77,25 +79,35 @@ sass() {
     echo "== SASS of $1: $(ls "$dir" | tr '\n' ' ')-> \$OUT/sass.tar.gz"
 }
 
+# The staging rows of `moe lab` for each variant.
+staging() {
+    for moe in "$MOE" /tmp/ab-*-build/moe; do
+        [ -x "$moe" ] || continue
+        echo "== staging $moe"
+        "$moe" lab --type q4_k -r 20 2>&1 | sed -n '/^### Staging/,/^Staging rows/p' | grep "^| [a-z]"
+    done
+}
+
 run() {
     : "${MOE:?set by device_run.sh}" "${MODEL:?set by device_run.sh}"
     build_variants
     [ -n "${MOE_AB_SASS:-}" ] && sass "$MOE_AB_SASS"
+    [ "${MOE_AB_STAGING:-0}" = 1 ] && staging
     bench tg128 -p 0 -n 128 -r 5
     bench tg128 -p 0 -n 128 -r 5
     bench d4096 -p 0 -n 32 -r 2 -d 4096
-    if [ "${MOE_AB_TIMELINE:-1}" = 1 ]; then
-        timeline 64
-        timeline 512
-    fi
+    local positions=${MOE_AB_TIMELINE:-1}
+    [ "$positions" = 1 ] && positions="64 512"
+    [ "$positions" = 0 ] && positions=""
+    for pos in $positions; do timeline "$pos"; done
 }
 
 case "${1:-}" in
 pack) shift && pack "$@" ;;
 run) run ;;
--h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' ;;
 *)
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac
