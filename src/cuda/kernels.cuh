@@ -137,7 +137,12 @@ __device__ __forceinline__ double sum_squares_strided(const float *x, int n, int
 /* The RMSNorm scale of n values whose squares sum to ss, in double as
  * cpu_rmsnorm computes it: the CPU's scale bit for bit. */
 __device__ __forceinline__ float rms_scale(double ss, int n, float eps) {
-    return (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    /* ss / n: for the usual widths, powers of two, the same value by one
+     * multiplication by 2^-k instead of a double division's chain of
+     * dependent steps */
+    const double mean =
+        (n & (n - 1)) == 0 ? ss * __longlong_as_double((long long)(1023 - (__ffs(n) - 1)) << 52) : ss / (double)n;
+    return (float)(1.0 / sqrt(mean + (double)eps));
 }
 
 
@@ -236,6 +241,21 @@ __device__ __forceinline__ double chunk_squares(const float *v) {
     return ss;
 }
 
+/* The sum of n doubles: sixteen (a block's warps, GEMV_WARPS) as a tree
+ * of four levels, since the products' staging waits on it (with
+ * rms_scale's multiplication, 0.1 us of it: bench/decode-plan.md, fact
+ * 38); other counts in order. */
+__device__ __forceinline__ double sum_doubles(const double *p, int n) {
+    if (n != 16) {
+        double s = 0.0;
+        for (int i = 0; i < n; i++) s += p[i];
+        return s;
+    }
+    const double a = (p[0] + p[1]) + (p[2] + p[3]), b = (p[4] + p[5]) + (p[6] + p[7]);
+    const double c = (p[8] + p[9]) + (p[10] + p[11]), d = (p[12] + p[13]) + (p[14] + p[15]);
+    return (a + b) + (c + d);
+}
+
 /* Two stagings, each measured where it runs (bench/decode-plan.md, fact
  * 34). Behind a norm, the matrix products (gemv_kernel: q|k|v, a router,
  * the head) stage x * w, whose codes are those of the full norm up to
@@ -260,9 +280,7 @@ __device__ __forceinline__ float finish_staging(const act_in &in, double ss, flo
     }
     __syncthreads();
     if (!in.norm) return 1.0f;
-    ss = 0.0;
-    for (int w = 0; w < nw; w++) ss += warp_ss[w];
-    return rms_scale(ss, in.n, in.eps);
+    return rms_scale(sum_doubles(warp_ss, nw), in.n, in.eps);
 }
 
 /* stage_act for the float formats: the input (times the norm's weights) as f32. */
