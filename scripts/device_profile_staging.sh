@@ -13,12 +13,7 @@ set -u
 OUT=${OUT:-/tmp/moe-profile-out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.." || exit 1
-PREFIX=/tmp/moe-prefix
-rm -rf "$PREFIX" && mkdir -p "$PREFIX"
-for f in .debs/*.deb; do dpkg -x "$f" "$PREFIX"; done
-LIBDIR=$PREFIX/usr/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PATH=/usr/local/cuda/bin:$PATH
+. scripts/device_packages.sh
 BUILD=/tmp/moe-profile-build
 {
     cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=ON -DMOE_BENCH=OFF \

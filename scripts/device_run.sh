@@ -58,13 +58,7 @@ step() {
 }
 
 # ---------------------------------------------------------------- packages
-PREFIX=/tmp/moe-prefix
-rm -rf "$PREFIX" && mkdir -p "$PREFIX"
-for f in .debs/*.deb; do dpkg -x "$f" "$PREFIX"; done
-LIBDIR=$PREFIX/usr/lib/x86_64-linux-gnu
-# our binaries find libmicrohttpd and friends here (GnuTLS only if the image lacks it)
-export LD_LIBRARY_PATH=$LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export PATH=/usr/local/cuda/bin:$PATH
+. scripts/device_packages.sh
 
 {
     echo "# environment"
