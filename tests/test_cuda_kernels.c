@@ -498,12 +498,14 @@ static void test_decode_attention(void) {
         {{1, 10, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},   /* one block, two warps a head */
         {{1, 1000, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32}, /* 32 splits: two merge rounds */
         {{1, 700, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 5},   /* nine batches a warp */
+        {{1, 1500, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 2},  /* 47 batches a warp */
         {{1, 130, 4, 4, 64, 64, true, false, false, QK_NORM_FULL, 1.0f}, 3},        /* OLMoE: MHA, 16 warps a head */
         {{1, 77, 14, 2, 64, 64, true, false, false, QK_NORM_NONE, 1.0f}, 7},        /* Qwen2: G = 7, 14 warps */
         {{1, 300, 8, 2, 128, 128, false, false, true, QK_NORM_NONE, 0.25f}, 16},    /* Llama 3 */
         {{1, 200, 16, 1, 256, 64, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 9},  /* G = 16, hd 256 */
         {{1, 90, 2, 2, 32, 32, false, false, false, QK_NORM_NONE, 1.0f}, 2},        /* hd 32 */
         {{1, 45, 4, 2, 24, 24, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},     /* hd 24: part of a warp */
+        {{1, 60, 4, 2, 6, 6, false, false, false, QK_NORM_NONE, 1.0f}, 3},         /* hd 6: six lanes a head */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_attention(&cases[i].k, cases[i].n_splits);

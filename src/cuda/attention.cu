@@ -24,7 +24,8 @@
  * batch is loaded into registers before the launch's wait (cached
  * positions never depend on the launch before) and the rest of the range
  * pulled into L2; at short contexts a warp has one batch, so no load
- * follows the wait but q, k and v's.
+ * follows the wait but q, k and v's. The norms' weights and the
+ * position's rotation are in registers before the wait too.
  *
  * Every warp prepares its query head and its own copy of the new key and
  * value (normalised, rotated; a few hundred redundant flops instead of a
@@ -104,15 +105,12 @@ __device__ __forceinline__ void store_dims(float *p, const float *v, bool mine) 
     for (int i = 0; i < DPL; i++) p[i] = v[i];
 }
 
-/* rms_scale, not inlined: the double division and square root are long,
- * and four call sites share them (code size, see the top of this file). */
-__device__ __noinline__ float head_rms_scale(double ss, int n, float eps) { return rms_scale(ss, n, eps); }
-
-template <int DPL>
-__device__ __forceinline__ void norm_head(float *x, const float *w, double ss, int n, float eps) {
-    const float scale = head_rms_scale(ss, n, eps);
-#pragma unroll
-    for (int i = 0; i < DPL; i++) x[i] = x[i] * scale * w[i];
+/* The RMS scales of q and k (sums of squares ssq over nq values, ssk over
+ * nk), not inlined: the double division and square root are long and
+ * shared by both call sites (code size, see the top of this file); the
+ * two chains run side by side. */
+__device__ __noinline__ float2 head_rms_scales(double ssq, int nq, double ssk, int nk, float eps) {
+    return make_float2(rms_scale(ssq, nq, eps), rms_scale(ssk, nk, eps));
 }
 
 template <int DPL>
@@ -123,11 +121,40 @@ __device__ __forceinline__ double sum_squares(const float *x) {
     return warp_sum_double(ss);
 }
 
-/* RoPE on this lane's dims of a head: NEOX pairs (i, i + n_rot/2) sit in
- * different lanes (a shuffle), normal pairs (2i, 2i + 1) in one lane (two
- * neighbouring lanes when a lane has one dim). */
+/* What a warp's head needs besides q, k and v, none of it written by the
+ * launch before: loaded into registers before the wait. The norms'
+ * weights of this lane's dims, and the cosine and sine that rotate each
+ * of its dims (NEOX pairs (i, i + n_rot/2), normal pairs (2i, 2i + 1)). */
 template <int DPL>
-__device__ __forceinline__ void rope_head(float *x, const float *cs, int n_rot, bool neox, int lane) {
+struct head_consts {
+    float wq[DPL], wk[DPL], c[DPL], s[DPL];
+};
+
+template <int DPL>
+__device__ __forceinline__ void load_head_consts(const attn_args &a, int g, int h, int pos, head_consts<DPL> &hc) {
+    const int G = a.n_heads / a.n_kv, hd = a.hd, d0 = (threadIdx.x & 31) * DPL, half = a.n_rot / 2;
+    const bool mine = d0 < hd;
+    if (a.qk_norm == QK_NORM_PER_HEAD) {
+        load_dims<DPL>(a.q_norm + d0, hc.wq, mine);
+        load_dims<DPL>(a.k_norm + d0, hc.wk, mine);
+    } else if (a.qk_norm == QK_NORM_FULL) { /* one weight a dim of all heads, not of one */
+        load_dims<DPL>(a.q_norm + (g * G + h) * hd + d0, hc.wq, mine);
+        load_dims<DPL>(a.k_norm + g * hd + d0, hc.wk, mine);
+    }
+    const float *cs = a.rope + (int64_t)pos * a.n_rot; /* cos[half] | sin[half] */
+#pragma unroll
+    for (int i = 0; i < DPL; i++) {
+        const int d = d0 + i, pair = a.neox ? (d < half ? d : d - half) : d / 2;
+        hc.c[i] = d < a.n_rot ? cs[pair] : 1.0f;
+        hc.s[i] = d < a.n_rot ? cs[half + pair] : 0.0f;
+    }
+}
+
+/* RoPE on this lane's dims of a head: NEOX pairs sit in different lanes (a
+ * shuffle), normal pairs in one lane (two neighbouring lanes when a lane
+ * has one dim). Dims past n_rot stay as they are. */
+template <int DPL>
+__device__ __forceinline__ void rope_head(float *x, const head_consts<DPL> &hc, int n_rot, bool neox, int lane) {
     const int half = n_rot / 2, d0 = lane * DPL;
     if (neox) {
         const int other = half / DPL; /* lanes between partners */
@@ -139,22 +166,20 @@ __device__ __forceinline__ void rope_head(float *x, const float *cs, int n_rot, 
         for (int i = 0; i < DPL; i++) {
             const int d = d0 + i;
             if (d >= n_rot) break;
-            const int pair = d < half ? d : d - half;
-            const float c = cs[pair], s = cs[half + pair];
+            const float c = hc.c[i], s = hc.s[i];
             x[i] = d < half ? x[i] * c - partner[i] * s : partner[i] * s + x[i] * c;
         }
     } else if (DPL == 1) {
         const float partner = __shfl_xor_sync(FULL_MASK, x[0], 1);
         if (d0 < n_rot) {
-            const float c = cs[d0 / 2], s = cs[half + d0 / 2];
+            const float c = hc.c[0], s = hc.s[0];
             x[0] = d0 % 2 == 0 ? x[0] * c - partner * s : partner * s + x[0] * c;
         }
     } else {
 #pragma unroll
         for (int i = 0; i < DPL; i += 2) {
-            const int d = d0 + i;
-            if (d >= n_rot) break;
-            const float c = cs[d / 2], s = cs[half + d / 2], x0 = x[i], x1 = x[i + 1];
+            if (d0 + i >= n_rot) break;
+            const float c = hc.c[i], s = hc.s[i], x0 = x[i], x1 = x[i + 1];
             x[i] = x0 * c - x1 * s;
             x[i + 1] = x0 * s + x1 * c;
         }
@@ -164,28 +189,24 @@ __device__ __forceinline__ void rope_head(float *x, const float *cs, int n_rot, 
 /* This warp's query head h and the new key and value of KV head g,
  * normalised and rotated, in registers. */
 template <int DPL>
-__device__ __forceinline__ void prepare(const attn_args &a, int g, int h, int pos, float *q, float *k, float *v) {
+__device__ __forceinline__ void prepare(const attn_args &a, const head_consts<DPL> &hc, int g, int h, float *q,
+                                        float *k, float *v) {
     const int G = a.n_heads / a.n_kv, hd = a.hd, lane = threadIdx.x & 31, d0 = lane * DPL;
     const int q_dim = a.n_heads * hd, kv_dim = a.n_kv * hd;
     const bool mine = d0 < hd;
     load_dims<DPL>(a.qkv + (g * G + h) * hd + d0, q, mine);
     load_dims<DPL>(a.qkv + q_dim + g * hd + d0, k, mine);
     load_dims<DPL>(a.qkv + q_dim + kv_dim + g * hd + d0, v, mine);
-    float wq[DPL], wk[DPL];
-    if (a.qk_norm == QK_NORM_PER_HEAD) {
-        load_dims<DPL>(a.q_norm + d0, wq, mine);
-        load_dims<DPL>(a.k_norm + d0, wk, mine);
-        norm_head<DPL>(q, wq, sum_squares<DPL>(q), hd, a.eps);
-        norm_head<DPL>(k, wk, sum_squares<DPL>(k), hd, a.eps);
-    } else if (a.qk_norm == QK_NORM_FULL) {
-        load_dims<DPL>(a.q_norm + (g * G + h) * hd + d0, wq, mine);
-        load_dims<DPL>(a.k_norm + g * hd + d0, wk, mine);
-        norm_head<DPL>(q, wq, sum_squares_strided(a.qkv, q_dim, lane), q_dim, a.eps);
-        norm_head<DPL>(k, wk, sum_squares_strided(a.qkv + q_dim, kv_dim, lane), kv_dim, a.eps);
+    if (a.qk_norm != QK_NORM_NONE) {
+        const bool full = a.qk_norm == QK_NORM_FULL;
+        const double ssq = full ? sum_squares_strided(a.qkv, q_dim, lane) : sum_squares<DPL>(q);
+        const double ssk = full ? sum_squares_strided(a.qkv + q_dim, kv_dim, lane) : sum_squares<DPL>(k);
+        const float2 scale = head_rms_scales(ssq, full ? q_dim : hd, ssk, full ? kv_dim : hd, a.eps);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) q[i] = q[i] * scale.x * hc.wq[i], k[i] = k[i] * scale.y * hc.wk[i];
     }
-    const float *cs = a.rope + (int64_t)pos * a.n_rot; /* cos[half] | sin[half] */
-    rope_head<DPL>(q, cs, a.n_rot, a.neox, lane);
-    rope_head<DPL>(k, cs, a.n_rot, a.neox, lane);
+    rope_head<DPL>(q, hc, a.n_rot, a.neox, lane);
+    rope_head<DPL>(k, hc, a.n_rot, a.neox, lane);
 }
 
 /* The keys and values of B consecutive positions, a lane's dims of each. */
@@ -377,19 +398,15 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args
         const float *cache = c < lines ? a.k_cache : a.v_cache;
         prefetch_l2((const uint8_t *)(cache + (int64_t)p * kv_dim + g * hd) + 128 * (c % lines));
     }
-    if (start < end) {
-        prefetch_floats(a.rope + (int64_t)pos * a.n_rot, a.n_rot);
-        const bool full = a.qk_norm == QK_NORM_FULL; /* one weight a dim of all heads, not of one */
-        prefetch_floats(a.q_norm, full ? a.n_heads * hd : hd);
-        prefetch_floats(a.k_norm, full ? kv_dim : hd);
-    }
+    head_consts<DPL> hc; /* the norms' weights and the rotation */
+    if (start < end) load_head_consts<DPL>(a, g, h, pos, hc);
     pdl_wait(); /* q, k, v of this position */
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
     if (start >= end) return; /* past the position: not counted by the merge */
 
     float q[DPL], k[DPL], v[DPL];
-    prepare<DPL>(a, g, h, pos, q, k, v);
+    prepare<DPL>(a, hc, g, h, q, k, v);
     trace_mark(a.trace, TRACE_STAGED);
     if constexpr (!preload) load_cached<DPL>(a, g, pos, start + w * B, end, first);
     if (warp == 0 && pos >= start && pos < end) {
