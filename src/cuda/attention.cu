@@ -199,8 +199,14 @@ __device__ __forceinline__ void prepare(const attn_args &a, const head_consts<DP
     load_dims<DPL>(a.qkv + q_dim + kv_dim + g * hd + d0, v, mine);
     if (a.qk_norm != QK_NORM_NONE) {
         const bool full = a.qk_norm == QK_NORM_FULL;
-        const double ssq = full ? sum_squares_strided(a.qkv, q_dim, lane) : sum_squares<DPL>(q);
-        const double ssk = full ? sum_squares_strided(a.qkv + q_dim, kv_dim, lane) : sum_squares<DPL>(k);
+        double ssq, ssk; /* side by side, not in one branch each */
+        if (full) {
+            ssq = sum_squares_strided(a.qkv, q_dim, lane);
+            ssk = sum_squares_strided(a.qkv + q_dim, kv_dim, lane);
+        } else {
+            ssq = sum_squares<DPL>(q);
+            ssk = sum_squares<DPL>(k);
+        }
         const float2 scale = head_rms_scales(ssq, full ? q_dim : hd, ssk, full ? kv_dim : hd, a.eps);
 #pragma unroll
         for (int i = 0; i < DPL; i++) q[i] = q[i] * scale.x * hc.wq[i], k[i] = k[i] * scale.y * hc.wk[i];
@@ -233,8 +239,11 @@ __device__ __forceinline__ void load_cached(const attn_args &a, int g, int pos, 
     }
 }
 
+/* The new position's key and value into the batch that holds it (one
+ * batch of the launch: a uniform branch for the others). */
 template <int DPL>
 __device__ __forceinline__ void put_new(kv_batch<DPL> &b, int p0, int pos, const float *k_new, const float *v_new) {
+    if (pos < p0 || pos >= p0 + kv_batch<DPL>::B) return;
 #pragma unroll
     for (int j = 0; j < kv_batch<DPL>::B; j++)
         if (p0 + j == pos)
@@ -242,31 +251,73 @@ __device__ __forceinline__ void put_new(kv_batch<DPL> &b, int p0, int pos, const
             for (int i = 0; i < DPL; i++) b.k[j][i] = k_new[i], b.v[j][i] = v_new[i];
 }
 
-/* One batch into the running (m, l, acc) of the online softmax: its B
- * scores are independent warp sums, then one rescale, not one a position. */
+/* N sums over the warp at once (N a power of two <= 32), scattered: each
+ * level of the butterfly halves the values a lane holds (n of them, at
+ * lane distance 16 n / N), keeping the half its partner gives away, so
+ * lane L ends with the sum of value L >> scatter_shift(N). The additions
+ * are warp_sum's, pair for pair, so each sum is the same float; N - 1 + 5
+ * - log2 N shuffles instead of 5 N, independent of each other. v is
+ * overwritten. */
+template <int N, int n = N>
+__device__ __forceinline__ float warp_sum_scatter(float *v, int lane) {
+    if constexpr (n == 1) {
+#pragma unroll
+        for (int off = 16 / N; off > 0; off >>= 1) v[0] += __shfl_xor_sync(FULL_MASK, v[0], off);
+        return v[0];
+    } else {
+        constexpr int off = 16 * n / N;
+        const bool hi = lane & off;
+#pragma unroll
+        for (int i = 0; i < n / 2; i++) {
+            const float keep = hi ? v[i + n / 2] : v[i], give = hi ? v[i] : v[i + n / 2];
+            v[i] = keep + __shfl_xor_sync(FULL_MASK, give, off);
+        }
+        return warp_sum_scatter<N, n / 2>(v, lane);
+    }
+}
+
+/* log2 of the lanes that share one value of warp_sum_scatter<N>. */
+__host__ __device__ constexpr int scatter_shift(int n) {
+    int shift = 0;
+    for (; n < 32; n *= 2) shift++;
+    return shift;
+}
+
+/* One batch into the running (m, l, acc) of the online softmax. Its B
+ * scores are summed together, lane L holding position p0 + (L >> S)'s, so
+ * each lane takes one exponential, not B; the batch's maximum and sum are
+ * reduced over the lanes that hold different positions. */
 template <int DPL>
 __device__ __forceinline__ void attend_batch(const kv_batch<DPL> &b, int p0, int end, const float *q, float scale,
                                              float &m, float &l, float *acc) {
-    constexpr int B = kv_batch<DPL>::B;
-    float sc[B], m_new = m;
+    constexpr int B = kv_batch<DPL>::B, S = scatter_shift(B);
+    const int lane = threadIdx.x & 31;
+    float dot[B];
 #pragma unroll
     for (int j = 0; j < B; j++) {
-        float dot = 0.0f;
+        dot[j] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) dot += q[i] * b.k[j][i];
-        sc[j] = p0 + j < end ? warp_sum(dot) * scale : -INFINITY;
-        m_new = fmaxf(m_new, sc[j]);
+        for (int i = 0; i < DPL; i++) dot[j] += q[i] * b.k[j][i];
     }
+    float sc = warp_sum_scatter<B>(dot, lane) * scale;
+    if (p0 + (lane >> S) >= end) sc = -INFINITY;
+    float m_batch = sc;
+#pragma unroll
+    for (int off = 16; off >= (1 << S); off >>= 1) m_batch = fmaxf(m_batch, __shfl_xor_sync(FULL_MASK, m_batch, off));
+    const float m_new = fmaxf(m, m_batch);
     const float r = expf(m - m_new); /* m = -inf first: r = 0 */
-    l *= r;
+    const float e = expf(sc - m_new); /* past the end: 0 */
+    float e_sum = e;
+#pragma unroll
+    for (int off = 16; off >= (1 << S); off >>= 1) e_sum += __shfl_xor_sync(FULL_MASK, e_sum, off);
+    l = l * r + e_sum;
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[i] *= r;
 #pragma unroll
     for (int j = 0; j < B; j++) {
-        const float e = expf(sc[j] - m_new); /* past the end: 0 */
-        l += e;
+        const float e_j = __shfl_sync(FULL_MASK, e, j << S);
 #pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] += e * b.v[j][i];
+        for (int i = 0; i < DPL; i++) acc[i] += e_j * b.v[j][i];
     }
     m = m_new;
 }
@@ -348,7 +399,8 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, float *slots, i
 #pragma unroll
         for (int j = 0; j < MB; j++) {
             const int s = s0 + j * W; /* uniform over the warp */
-            const float wt = s < n ? __shfl_sync(FULL_MASK, f, s & 31) * inv_l : 0.0f;
+            const float f_s = __shfl_sync(FULL_MASK, f, s & 31); /* outside the condition: no branch a shuffle */
+            const float wt = s < n ? f_s * inv_l : 0.0f;
 #pragma unroll
             for (int i = 0; i < DPL; i++) out[i] += wt * o[j][i];
         }
