@@ -16,7 +16,10 @@
 # MOE_AB_SASS=FILE.cu also brings back the SASS of that family file's
 # kernels for every variant, as one $OUT/sass.tar.gz (a run returns at most
 # eight files). MOE_AB_STAGING=1 adds `moe lab`'s staging rows of every
-# variant (the Q4_K lab, its staging table only).
+# variant (the Q4_K lab, its staging table only). MOE_AB_NCU=REGEX runs
+# Nsight Compute (--set full) on one launch of the run's own build whose
+# kernel matches, in the decode step at depth 512 without the graph, into
+# $OUT/ncu_ab.txt and the per-instruction counts and stalls $OUT/ncu_ab_sass.csv.
 set -u
 shopt -s nullglob
 cd "$(dirname "$0")/.." || exit 1
@@ -88,6 +91,17 @@ staging() {
     done
 }
 
+# Nsight Compute on launch 150 of the kernels matching $1 (the 4th token's
+# at 48 launches a token): the whole profile and its SASS page.
+ncu_kernel() {
+    env MOE_CUDA_GRAPH=0 timeout 150 ncu --clock-control none --cache-control none -k "regex:$1" --launch-skip 150 \
+        --launch-count 1 --set full -f -o /tmp/ab-ncu "$MOE" bench -m "$MODEL" -p 0 -n 4 -r 1 -d 512 --device cuda \
+        >/tmp/ab-ncu.log 2>&1
+    echo "== ncu $1: exit $?"
+    ncu -i /tmp/ab-ncu.ncu-rep --page details --print-details all >"${OUT:?}/ncu_ab.txt" 2>&1
+    ncu -i /tmp/ab-ncu.ncu-rep --page source --csv --print-source sass >"$OUT/ncu_ab_sass.csv" 2>&1
+}
+
 run() {
     : "${MOE:?set by device_run.sh}" "${MODEL:?set by device_run.sh}"
     build_variants
@@ -100,14 +114,16 @@ run() {
     [ "$positions" = 1 ] && positions="64 512"
     [ "$positions" = 0 ] && positions=""
     for pos in $positions; do timeline "$pos"; done
+    [ -n "${MOE_AB_NCU:-}" ] && ncu_kernel "$MOE_AB_NCU"
+    return 0
 }
 
 case "${1:-}" in
 pack) shift && pack "$@" ;;
 run) run ;;
--h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' ;;
 *)
-    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac
