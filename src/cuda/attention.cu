@@ -106,9 +106,10 @@ __device__ __forceinline__ void store_dims(float *p, const float *v, bool mine) 
 }
 
 /* The RMS scales of q and k (sums of squares ssq over nq values, ssk over
- * nk), not inlined: the double division and square root are long and
- * shared by both call sites (code size, see the top of this file); the
- * two chains run side by side. */
+ * nk), the two chains of double division and square root side by side.
+ * Not inlined, as the one-scale function it replaced was when four call
+ * sites shared it; prepare is now its only caller, and an inlined build
+ * has not been measured. */
 __device__ __noinline__ float2 head_rms_scales(double ssq, int nq, double ssk, int nk, float eps) {
     return make_float2(rms_scale(ssq, nq, eps), rms_scale(ssk, nk, eps));
 }
@@ -399,7 +400,7 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, float *slots, i
 #pragma unroll
         for (int j = 0; j < MB; j++) {
             const int s = s0 + j * W; /* uniform over the warp */
-            const float f_s = __shfl_sync(FULL_MASK, f, s & 31); /* outside the condition: no branch a shuffle */
+            const float f_s = __shfl_sync(FULL_MASK, f, s & 31); /* outside the condition: no branch around it */
             const float wt = s < n ? f_s * inv_l : 0.0f;
 #pragma unroll
             for (int i = 0; i < DPL; i++) out[i] += wt * o[j][i];
