@@ -10,9 +10,10 @@
 # device, with the tarballs carried (carry [".debs", ".carry"]):
 #   MOE_EXPERIMENT='bash scripts/device_ab.sh run' bash scripts/device_run.sh
 # builds each .carry/*.tar beside the run's own build ($MOE) and prints, to
-# experiment.log: tg128 twice per variant, tg32 at depth 4096, and the
-# layer timeline at positions 64 and 512 (MOE_AB_TIMELINE=0 leaves those
-# out, MOE_AB_TIMELINE="512" takes those positions).
+# experiment.log: tg128 twice per variant, tg32 at depth 4096, and at
+# positions 64 and 512 each stage's cost in the graph and the layer
+# timeline (MOE_AB_TIMELINE=0 leaves those out, MOE_AB_TIMELINE="512"
+# takes those positions).
 # MOE_AB_SASS=FILE.cu also brings back the SASS of that family file's
 # kernels for every variant, as one $OUT/sass.tar.gz (a run returns at most
 # eight files). MOE_AB_STAGING=1 adds `moe lab`'s staging rows of every
@@ -63,8 +64,11 @@ timeline() {
     for moe in "$MOE" /tmp/ab-*-build/moe; do
         [ -x "$moe" ] || continue
         echo "== timeline at $1 $moe"
-        "$moe" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda --profile="$1" 2>&1 | grep -A9 "inside the graph" |
-            grep "^| [a-z]"
+        # each stage's cost in the graph (us a token), then the layer's launches
+        "$moe" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda --profile="$1" 2>&1 |
+            awk -F'|' '/decode step by stage/{s=1} /inside the graph/{s=2}
+                s==1 && /^\| [a-z*]/ && $2 !~ /stage/{printf "|%s| in graph %s us/token |\n", $2, $(NF-2)}
+                s==2 && /^\| [a-z]/'
     done
 }
 
