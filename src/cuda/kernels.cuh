@@ -59,9 +59,9 @@
  *                   output row reads the k experts' rows (flattened into
  *                   one stream of units) and writes the residual once, no
  *                   atomics, deterministic.
- * Routing is from the router's logits in device memory: every block of
- * ffn_up routes for itself (route_block), so no launch waits on a router's
- * last block, and its block 0 publishes the routing for ffn_down.
+ * Routing (route_warp) is a warp's, from the router's logits in device
+ * memory: every block of ffn_up routes for itself, so no launch waits on a
+ * router's last block, and its block 0 publishes the routing for ffn_down.
  */
 #ifndef MOE_CUDA_KERNELS_CUH
 #define MOE_CUDA_KERNELS_CUH
@@ -636,11 +636,16 @@ __device__ __forceinline__ float route_key_prob(uint32_t hi) {
     return __uint_as_float(hi & 0x80000000u ? hi & 0x7fffffffu : ~hi);
 }
 
-/* The probabilities cpu_route ranks, a warp's: softmax (gating 0) or
- * sigmoid of the logits at r.logits, expert lane + 32 i in p[i]. */
+/* One warp routes one token, in registers: cpu_route on the logits at r.logits, the k experts and their weights to
+ * ids[0..k) and weights[0..k) (lanes < k write; weights may be NULL). No
+ * block barrier and no shared memory, so every block of ffn_up routes for
+ * itself instead of waiting on a router's last block (decode-plan fact
+ * 24): k rounds of a two-word warp max (redux.sync) over each lane's best
+ * remaining key. PER: experts a lane (n_experts <= 32 PER). */
 template <int PER>
-__device__ __forceinline__ void route_probs(const route_spec &r, float *p) {
+__device__ __forceinline__ void route_warp_of(const route_spec &r, float *weights, int *ids) {
     const int lane = threadIdx.x & 31, n = r.n_experts;
+    float p[PER];
     float m = -INFINITY;
 #pragma unroll
     for (int i = 0; i < PER; i++) {
@@ -660,18 +665,6 @@ __device__ __forceinline__ void route_probs(const route_spec &r, float *p) {
 #pragma unroll
         for (int i = 0; i < PER; i++) p[i] = 1.0f / (1.0f + expf(-p[i]));
     }
-}
-
-/* One warp routes one token, in registers (the prefill's route_kernel, a
- * warp a token): cpu_route on the logits at r.logits, the k experts and
- * their weights to ids[0..k) and weights[0..k) (lanes < k write; weights
- * may be NULL), by k rounds of a two-word warp max (redux.sync) over each
- * lane's best remaining key. PER: experts a lane (n_experts <= 32 PER). */
-template <int PER>
-__device__ __forceinline__ void route_warp_of(const route_spec &r, float *weights, int *ids) {
-    const int lane = threadIdx.x & 31, n = r.n_experts;
-    float p[PER];
-    route_probs<PER>(r, p);
     uint64_t key[PER];
 #pragma unroll
     for (int i = 0; i < PER; i++) key[i] = lane + 32 * i < n ? route_key(p[i], lane + 32 * i) : 0;
@@ -708,44 +701,13 @@ __device__ __forceinline__ void route_warp(const route_spec &r, float *weights, 
     else route_warp_of<8>(r, weights, ids);
 }
 
-/* Routing by a whole block (ffn_up: its other warps would only wait for
- * warp 0's k dependent rounds of route_warp): warp 0 lays out each
- * expert's key (route_key of its probability), then T threads an expert
- * count the keys above its own, a 1/T share each, and the expert of rank
- * j < k takes slot j. The ids go to slot_ids; with `ids` given (block 0),
- * also to ids and their weights (summed in rank order, as cpu_route) to
- * `weights` in device memory, fenced before the launch of ffn_down (which
- * reads them before its wait, and checks them after it). keys: n_experts
- * values of shared memory, slot_p: k. Ends with a barrier. */
-__device__ __forceinline__ void route_block(const route_spec &r, uint64_t *keys, float *slot_p, int *slot_ids,
-                                            int *ids, float *weights) {
-    static_assert(MAX_ROUTED_EXPERTS == 256, "route_block's instances cover 256 experts");
-    const int n = r.n_experts, lane = threadIdx.x & 31;
-    if (threadIdx.x < 32) {
-        float p[8] = {};
-        if (n <= 128) route_probs<4>(r, p);
-        else route_probs<8>(r, p);
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (lane + 32 * i < n) keys[lane + 32 * i] = route_key(p[i], lane + 32 * i);
-    }
-    __syncthreads();
-    int T = 1; /* threads an expert: a power of two, at most a warp */
-    while (T < 32 && 2 * T * n <= (int)blockDim.x) T *= 2;
-    const int c = threadIdx.x / T, q = threadIdx.x % T;
-    const uint64_t mine = c < n ? keys[c] : 0;
-    int above = 0;
-    for (int j = q; c < n && j < n; j += T) above += keys[j] > mine;
-    for (int off = 1; off < T; off *= 2) above += __shfl_xor_sync(FULL_MASK, above, off);
-    if (c < n && q == 0 && above < r.k) slot_ids[above] = c, slot_p[above] = route_key_prob((uint32_t)(mine >> 32));
-    __syncthreads();
-    if (!ids || threadIdx.x >= 32) return;
-    float sum = 0.0f; /* in the CPU's order: rank 0 first */
-    for (int j = 0; j < r.k; j++) sum += slot_p[j];
-    if (lane < r.k) {
-        weights[lane] = (r.norm_topk ? slot_p[lane] / sum : slot_p[lane]) * r.w_scale;
-        ids[lane] = slot_ids[lane];
-    }
+/* route_warp for block 0 of ffn_up: the ids to its shared slot_ids and to
+ * ids/weights in device memory, fenced before the launch of ffn_down
+ * (which reads them before its wait, and checks them after it). */
+__device__ __forceinline__ void publish_route(const route_spec &r, int *slot_ids, int *ids, float *weights) {
+    route_warp(r, weights, slot_ids);
+    const int lane = threadIdx.x & 31;
+    if (lane < r.k) ids[lane] = slot_ids[lane];
     __threadfence();
     pdl_launch_dependents();
 }
@@ -925,8 +887,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         const uint8_t *gb, *gm, *ub, *um;
     };
     __shared__ int slot_ids[MAX_EXPERTS_USED];
-    __shared__ float slot_p[MAX_EXPERTS_USED];
-    __shared__ uint64_t route_keys[MAX_ROUTED_EXPERTS];
     auto locate = [&](int row) {
         const bool routed = !SHARED || row < routed_rows;
         const int j = routed ? div_by_magic(row, R, a.gate.rows_magic) : 0, r = routed ? row - j * R : row - routed_rows;
@@ -956,11 +916,12 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
                                                blockDim.x - 32);
     /* once a block: a warp's later rows then locate theirs without an L2 round trip */
     if (a.route.logits) {
-        route_block(a.route, route_keys, slot_p, slot_ids, publishes ? a.route_ids : NULL, a.route_w);
-    } else {
-        if (threadIdx.x < a.n_routed) slot_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
-        __syncthreads();
+        if (warp == 0 && publishes) publish_route(a.route, slot_ids, a.route_ids, a.route_w);
+        else if (warp == 0) route_warp(a.route, NULL, slot_ids);
+    } else if (threadIdx.x < a.n_routed) {
+        slot_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
     }
+    __syncthreads();
     if (a.act_staged) trace_mark(a.trace, TRACE_STAGED);
     pair_batch<F> first;
     if (start + grp < total) {
