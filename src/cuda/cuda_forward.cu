@@ -93,8 +93,9 @@ static route_spec route_of(const cuda_state *s) {
                       c->expert_weights_scale};
 }
 
-/* What a gemv() launch is for: the head's launch takes the argmax. */
-enum { GEMV_PLAIN, GEMV_HEAD };
+/* What a gemv() launch is for: the router's logits (F32: router_kernel),
+ * the head's launch takes the argmax. */
+enum { GEMV_PLAIN, GEMV_ROUTER, GEMV_HEAD };
 
 /* y = W in for each output; one launch per weight type among them. */
 static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int kind, uint64_t *trace) {
@@ -128,7 +129,8 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
             a.history = s->history;
         }
         const size_t smem = gemv_smem(f->act, in.n);
-        f->gemv(&a, grid_for(s, f, 0, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
+        if (kind == GEMV_ROUTER && cuda_router_fits(&a)) cuda_router(&a, s->stream, s->opt.pdl);
+        else f->gemv(&a, grid_for(s, f, 0, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
     }
 }
 
@@ -179,42 +181,10 @@ static void attention_block(cuda_state *s, int l) {
     mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo));
 }
 
-/* What a router launch did for ffn_up besides the logits (router_kernel
- * only): x staged as `kind` (act NULL: not), the shared expert's gate. */
-typedef struct router_staging {
-    const uint8_t *act;
-    int kind;
-    bool gate;
-} router_staging;
-
-/* The router's logits. An F32 router also stages x for ffn_up as `kind`
- * and computes the shared expert's gate; another is a plain product. */
-static router_staging router(cuda_state *s, act_in in, const cuda_layer *w, int kind, uint64_t *trace) {
-    router_staging rs = {NULL, kind, false};
-    gemv_args a;
-    memset(&a, 0, sizeof a);
-    a.in = in;
-    a.seg[0] = gemv_seg{w->router, s->router, NULL, 0};
-    a.n_seg = 1;
-    a.seg_end[0] = w->router.rows;
-    a.trace = trace;
-    if (!cuda_router_fits(&a)) {
-        const gemv_out r = {&w->router, s->router, NULL};
-        gemv(s, in, &r, 1, false, GEMV_PLAIN, trace);
-        return rs;
-    }
-    a.act_out = s->ffn_act, a.act_kind = kind;
-    a.shgate_w = w->sh_gate_inp, a.shgate_out = s->shgate;
-    cuda_router(&a, s->stream, s->opt.pdl);
-    rs.act = s->ffn_act, rs.gate = true;
-    return rs;
-}
-
 /* h = silu(gate x) * (up x) for `n_routed` slots of a slab (a dense FFN:
- * one slot, expert 0) and/or the shared expert; x as the router staged it
- * when `rs` has it in this launch's kind. */
+ * one slot, expert 0) and/or the shared expert. */
 static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, int n_routed, const cuda_layer *w,
-                   bool shared, const router_staging *rs, uint64_t *trace) {
+                   bool shared, uint64_t *trace) {
     const cuda_format *f = cuda_format_of(n_routed ? gate->type : w->sh_gate.type);
     ffn_up_args a;
     memset(&a, 0, sizeof a);
@@ -228,14 +198,16 @@ static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, i
     }
     if (shared) {
         a.sh_gate = w->sh_gate, a.sh_up = w->sh_up, a.has_shared = 1;
-        a.shgate_w = rs && rs->gate ? NULL : w->sh_gate_inp;
+        a.shgate_w = w->sh_gate_inp;
         a.shgate_out = s->shgate;
         rows += w->sh_gate.rows;
         if (!units) units = w->sh_gate.units;
     }
     a.h = s->h;
     a.h_shared_off = s->n_ff_routed;
-    a.act_staged = rs && rs->act && rs->kind == f->act ? rs->act : NULL;
+    /* x comes from the o projection, two launches back when a router (or
+     * the routed experts' launch) ran in between */
+    a.act_ready = s->m->config.n_experts > 0 && live(s, CUDA_STAGE_ROUTER);
     a.lanes = up_lanes(f, units);
     a.trace = trace;
     const size_t smem = gemv_smem(f->act, in.n);
@@ -277,26 +249,24 @@ static void ffn_block(cuda_state *s, int l) {
     const cuda_layer *w = &s->g->layers[l];
     act_in in = {s->x, w->ffn_norm, c->rms_eps, c->n_embd};
     if (c->n_experts == 0) {
-        if (live(s, CUDA_STAGE_UP))
-            ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, w, false, NULL, trace_of(s, l, CUDA_STAGE_UP));
+        if (live(s, CUDA_STAGE_UP)) ffn_up(s, in, &w->ffn_gate, &w->ffn_up, 1, w, false, trace_of(s, l, CUDA_STAGE_UP));
         mark(s, CUDA_STAGE_UP, dmat_bytes(&w->ffn_gate) + dmat_bytes(&w->ffn_up));
         if (live(s, CUDA_STAGE_DOWN)) ffn_down(s, &w->ffn_down, 1, w, false, trace_of(s, l, CUDA_STAGE_DOWN));
         mark(s, CUDA_STAGE_DOWN, dmat_bytes(&w->ffn_down));
         return;
     }
-    router_staging rs = {NULL, 0, false};
-    if (live(s, CUDA_STAGE_ROUTER))
-        rs = router(s, in, w, cuda_format_of(w->exp_gate.type)->act, trace_of(s, l, CUDA_STAGE_ROUTER));
+    gemv_out r = {&w->router, s->router, NULL};
+    if (live(s, CUDA_STAGE_ROUTER)) gemv(s, in, &r, 1, false, GEMV_ROUTER, trace_of(s, l, CUDA_STAGE_ROUTER));
     mark(s, CUDA_STAGE_ROUTER, dmat_bytes(&w->router));
     const int k = c->n_experts_used;
     const bool sh = w->has_shared;
     const double sh_up = sh ? dmat_bytes(&w->sh_gate) + dmat_bytes(&w->sh_up) : 0, sh_down = sh ? dmat_bytes(&w->sh_down) : 0;
     const bool up_together = sh && w->sh_gate.type == w->exp_gate.type;
     if (live(s, CUDA_STAGE_UP))
-        ffn_up(s, in, &w->exp_gate, &w->exp_up, k, w, up_together, &rs, trace_of(s, l, CUDA_STAGE_UP));
+        ffn_up(s, in, &w->exp_gate, &w->exp_up, k, w, up_together, trace_of(s, l, CUDA_STAGE_UP));
     mark(s, CUDA_STAGE_UP, k * (dmat_bytes(&w->exp_gate) + dmat_bytes(&w->exp_up)) + (up_together ? sh_up : 0));
     if (sh && !up_together) {
-        if (live(s, CUDA_STAGE_SH_UP)) ffn_up(s, in, NULL, NULL, 0, w, true, &rs, trace_of(s, l, CUDA_STAGE_SH_UP));
+        if (live(s, CUDA_STAGE_SH_UP)) ffn_up(s, in, NULL, NULL, 0, w, true, trace_of(s, l, CUDA_STAGE_SH_UP));
         mark(s, CUDA_STAGE_SH_UP, sh_up);
     }
     const bool down_together = sh && w->sh_down.type == w->exp_down.type;
@@ -681,7 +651,6 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->route_w = (float *)carve(base, used, (size_t)MAX_EXPERTS_USED * sizeof(float));
     s->route_ids = (int *)carve(base, used, (size_t)MAX_EXPERTS_USED * sizeof(int));
     s->shgate = (float *)carve(base, used, sizeof(float));
-    s->ffn_act = (uint8_t *)carve(base, used, act_bytes(ACT_F32, c->n_embd)); /* the largest staging */
     s->h = (float *)carve(base, used, (size_t)s->h_len * sizeof(float));
     s->logits = (float *)carve(base, used, (size_t)c->n_vocab * sizeof(float));
     const size_t n_parts = (size_t)c->n_kv_heads * s->attn_splits * G;

@@ -91,14 +91,6 @@ struct gemv_args {
     int *part_idx;
     int *step;    /* [0] token, [1] position */
     int *history; /* history[pos] = the argmax after position pos */
-    /* router_kernel: its normalised input staged for ffn_up as act_kind
-     * (act_out: ffn_up's shared-memory layout, or NULL), and the shared
-     * expert's gate sigmoid(shgate_w . RMSNorm(x)) to *shgate_out (or
-     * NULL), one block more */
-    uint8_t *act_out;
-    int act_kind;
-    const float *shgate_w;
-    float *shgate_out;
     uint64_t *trace; /* timeline marks (cuda_compat.cuh), or NULL */
 };
 
@@ -117,8 +109,8 @@ struct ffn_up_args {
     const float *shgate_w; /* the shared expert's gate vector, or NULL */
     float *shgate_out;
     int lanes;
-    const uint8_t *act_staged; /* the input as the router staged it (a MoE FFN after router_kernel),
-                                  copied after the wait beside the routing; NULL: staged here after it */
+    int act_ready; /* the input was final before the launch before passed its wait (a MoE FFN after its
+                      router): staged before this launch's wait */
     uint64_t *trace;
 };
 
@@ -302,7 +294,6 @@ struct cuda_state {
     float *route_w;           /* (k) the routing, from ffn_up's block 0 */
     int *route_ids;           /* (k) */
     float *shgate;            /* (1) */
-    uint8_t *ffn_act;         /* x staged for ffn_up by the router (router_kernel) */
     float *h;                 /* (k n_ff_expert + n_ff_shared) or (n_ff) */
     float *logits;            /* (n_vocab) */
     float *attn_part_out;     /* (n_kv, splits, G, hd) */

@@ -86,17 +86,8 @@ DEFINE_CUDA_FORMAT(fmt_bf16, bf16)
  * dependent round trips each. One pass over x after the wait: the norm's
  * scale factors out of the sum (logit = scale * sum w_i g_i x_i), so the
  * sum of squares (in double, as stage_act) and the dot share one block
- * reduction.
- *
- * The router also does ffn_up's staging: a warp of block c normalises and
- * quantizes chunk c of x (256 values) into act_out, as stage_act_normed
- * would in shared memory, so ffn_up copies 2.3 KB after its wait beside
- * its routing instead of staging x itself. ffn_up's blocks start only as
- * the router's leave, so a staging of their own, before their wait or
- * after it, lay on the layer's path (decode-plan fact 42). A shared
- * expert's gate is one more block, its row the gate vector. */
+ * reduction. */
 #define ROUTER_THREADS 256
-#define ROUTER_STAGING_WARP 1 /* not warp 0, whose thread 0 writes the logit */
 
 /* The block's sums of (ss, dot); every thread gets them. */
 __device__ __forceinline__ void block_sum_pair(double *ss, float *dot, double *ss_scratch, float *dot_scratch) {
@@ -111,31 +102,13 @@ __device__ __forceinline__ void block_sum_pair(double *ss, float *dot, double *s
     *dot = warp_sum(d);
 }
 
-/* Chunk c of the input, its values v and norm weights w already loaded
- * (load_chunk), normalised by `scale` and staged into act_out as ffn_up's
- * stage_act_normed stages it into shared memory: the same products, the
- * same codes. A warp's. */
-__device__ __forceinline__ void stage_chunk_for_up(const gemv_args &a, int c, float *v, const float *w, float scale) {
-    const int base = c * 256 + (threadIdx.x & 31) * 8;
-#pragma unroll
-    for (int k = 0; k < 8; k++) v[k] = v[k] * scale * w[k];
-    if (a.act_kind != ACT_F32) {
-        quantize_chunk(a.act_kind, v, c, base < a.in.n, act_dest_of(a.act_out, a.in.n));
-    } else if (base < a.in.n) {
-        float4 *f = (float4 *)((float *)a.act_out + base);
-        f[0] = make_float4(v[0], v[1], v[2], v[3]);
-        f[1] = make_float4(v[4], v[5], v[6], v[7]);
-    }
-}
-
 __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args a) {
     __shared__ double ss_scratch[32];
     __shared__ float dot_scratch[32];
     const dmat &w = a.seg[0].w;
     const int n = a.in.n, e = blockIdx.x, tid = threadIdx.x;
-    const bool gate_block = e == w.rows; /* the shared expert's gate */
     trace_mark(a.trace, TRACE_ENTRY);
-    const float *row = gate_block ? a.shgate_w : (const float *)(w.body + (int64_t)e * w.row_stride);
+    const float *row = (const float *)(w.body + (int64_t)e * w.row_stride);
     /* The row in registers before the wait (weights never depend on the
      * launch before): its DRAM round trip overlaps that launch and the norm. */
     constexpr int PER = 4; /* 16-byte loads a thread; rows longer than PER * 4 * ROUTER_THREADS loop */
@@ -149,10 +122,6 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
     pdl_wait();
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    /* this block's first chunk of ffn_up's staging, loaded with the dot's inputs */
-    const bool stages = a.act_out && tid >> 5 == ROUTER_STAGING_WARP && e * 256 < n;
-    float cv[8], cw[8];
-    if (stages) load_chunk(a.in, e, cv, cw);
     double ss = 0.0;
     float dot = 0.0f;
     for (int k = 0, i = tid * 4; i < n; k++, i += ROUTER_THREADS * 4) {
@@ -171,17 +140,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS) router_kernel(const gemv_args 
                __int_as_float((int)c.z) * (v.z * g.z) + __int_as_float((int)c.w) * (v.w * g.w);
     }
     block_sum_pair(&ss, &dot, ss_scratch, dot_scratch);
-    const float scale = rms_scale(ss, n, a.in.eps);
-    if (tid == 0) {
-        if (gate_block) *a.shgate_out = 1.0f / (1.0f + expf(-dot * scale)); /* as shared_gate */
-        else a.seg[0].out[e] = dot * scale;
-    }
-    if (stages) {
-        for (int c = e; c * 256 < n; c += gridDim.x) {
-            if (c != e) load_chunk(a.in, c, cv, cw);
-            stage_chunk_for_up(a, c, cv, cw, scale);
-        }
-    }
+    if (tid == 0) a.seg[0].out[e] = dot * rms_scale(ss, n, a.in.eps);
     trace_mark(a.trace, TRACE_WORKED);
 }
 
@@ -191,8 +150,7 @@ bool cuda_router_fits(const gemv_args *a) {
 }
 
 void cuda_router(const gemv_args *a, cudaStream_t st, bool pdl) {
-    const int blocks = a->seg[0].w.rows + (a->shgate_w ? 1 : 0);
-    LAUNCH_PDL(pdl, router_kernel, blocks, ROUTER_THREADS, 0, st, *a);
+    LAUNCH_PDL(pdl, router_kernel, a->seg[0].w.rows, ROUTER_THREADS, 0, st, *a);
 }
 
 #define ROUTE_WARPS 8 /* tokens a block */

@@ -50,11 +50,10 @@
  *                   a router's logits, the output head (last block:
  *                   argmax).
  *   ffn_up_kernel   h = silu(G x) * (U x) for the k routed experts, plus
- *                   the shared expert, in one launch. Behind an F32
- *                   router (router_kernel, float.cu) it copies the
- *                   staging that the router made of x, and the router
- *                   computes the shared expert's sigmoid gate; otherwise
- *                   it stages x itself and block 0 computes the gate.
+ *                   the shared expert, in one launch; block 0 also
+ *                   computes the shared expert's sigmoid gate. Behind a
+ *                   router it stages x before its wait (x was final two
+ *                   launches back), so only the routing follows the wait.
  *   ffn_down_kernel x += sum_j w_j D_{id_j} h_j + g * D_sh h_sh: every
  *                   output row reads the k experts' rows (flattened into
  *                   one stream of units) and writes the residual once, no
@@ -263,8 +262,8 @@ __device__ __forceinline__ double sum_doubles(const double *p, int n) {
  * float rounding (a block's largest magnitude scales with it), and
  * multiply each row's result by the RMS scale s: s, a block-wide double
  * sum, a square root and a division, is then off the path to the codes.
- * ffn_up's input (staged by the router, or by ffn_up itself without one)
- * is the fully normalised input, quantized (stage_act_normed): with the
+ * ffn_up stages before its wait, where that path is hidden anyway, and
+ * quantizes the fully normalised input (stage_act_normed): with the
  * products' staging its rows ran 1 us slower. cpu_forward.c multiplies the
  * same way, so that both quantize the same values. */
 
@@ -601,15 +600,6 @@ __device__ __forceinline__ float dot_terms(const dmat &m, int row, int T, const 
     return acc;
 }
 
-/* bytes (a multiple of 16) from src, which the launch before wrote, to
- * dst, by `threads` threads of which this is `t` (negative: none): 16-byte
- * loads from L2, past this multiprocessor's L1 (it may hold an earlier
- * layer's). */
-__device__ __forceinline__ void copy_from_l2(uint8_t *dst, const uint8_t *src, size_t bytes, int t, int threads) {
-    for (size_t i = (size_t)t * 16; t >= 0 && i < bytes; i += (size_t)threads * 16)
-        *(uint4 *)(dst + i) = __ldcg((const uint4 *)(src + i));
-}
-
 /* L2 prefetch of n floats that a kernel reads only after its wait but that
  * no launch writes (norm weights, a RoPE row), issued before the wait: the
  * weights streaming through L2 evict such small constants between layers,
@@ -901,7 +891,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     };
     const int U = a.n_routed ? a.gate.units : a.sh_gate.units;
     trace_mark(a.trace, TRACE_ENTRY);
-    if (!a.act_staged) {
+    if (a.act_ready) {
+        stage_act_normed(F::ACT, a.in, smem, shgate_w, a.shgate_out);
+    } else {
         prefetch_floats(a.in.norm, a.in.n);
         prefetch_floats(shgate_w, a.in.n);
     }
@@ -911,9 +903,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     const bool publishes = a.route.logits && blockIdx.x == 0;
     if (!publishes) pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    /* the router's staging of x, copied by warps 1.. while warp 0 routes */
-    if (a.act_staged && warp > 0) copy_from_l2(smem, a.act_staged, act_bytes(F::ACT, a.in.n), threadIdx.x - 32,
-                                               blockDim.x - 32);
     /* once a block: a warp's later rows then locate theirs without an L2 round trip */
     if (a.route.logits) {
         if (warp == 0 && publishes) publish_route(a.route, slot_ids, a.route_ids, a.route_w);
@@ -922,13 +911,13 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         slot_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
     }
     __syncthreads();
-    if (a.act_staged) trace_mark(a.trace, TRACE_STAGED);
+    if (a.act_ready) trace_mark(a.trace, TRACE_STAGED);
     pair_batch<F> first;
     if (start + grp < total) {
         const pair_rows p = locate(start + grp);
         load_pair<F>(first, p.gb, p.gm, p.ub, p.um, U, sub, L);
     }
-    if (!a.act_staged) {
+    if (!a.act_ready) {
         stage_act_normed(F::ACT, a.in, smem, shgate_w, a.shgate_out);
         trace_mark(a.trace, TRACE_STAGED);
     }
