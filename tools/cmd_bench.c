@@ -171,7 +171,7 @@ static void print_profile(const report *r) {
            r->ceiling_gbps > 0 ? 100.0 * gbps / r->ceiling_gbps : 0.0, p->graph_total_us);
     double ideal = r->ceiling_gbps > 0 ? bytes / (r->ceiling_gbps * 1e9) * 1e6 : 0;
     printf("\nAt the measured read bandwidth the step's bytes take %.1f us; stages' times include the launch gap "
-           "before each (no graph, no PDL). In graph: the step replayed as a CUDA graph (%d positions from %d, "
+           "before each (no graph, no PDL). In graph: the step replayed as a CUDA graph with PDL (%d positions from %d, "
            "after an untimed step that captures it) less the same with the stage left out, medians of %d.\n",
            ideal, CUDA_PROFILE_SPAN, p->pos, p->graph_reps);
 }

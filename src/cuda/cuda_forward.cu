@@ -445,6 +445,11 @@ static moe_status profile_in_graph(cuda_state *s, int32_t token, int pos, int re
     double *t = (double *)calloc((size_t)n * reps, sizeof(double));
     if (!t) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     moe_status st = MOE_OK;
+    /* the step as decoding runs it: with PDL, which the per-stage events
+     * leave out (until the sixteenth session this column did too) */
+    const bool pdl = s->opt.pdl;
+    drop_graph(s);
+    s->opt.pdl = true;
     for (int r = -1; r < reps && st == MOE_OK; r++) /* r = -1: warm-up, one capture per variant */
         for (int v = 0; v < n && st == MOE_OK; v++) {
             float us = 0;
@@ -457,6 +462,7 @@ static moe_status profile_in_graph(cuda_state *s, int32_t token, int pos, int re
     }
     free(t);
     drop_graph(s);
+    s->opt.pdl = pdl;
     s->skip_stages = 0;
     return st;
 }
