@@ -642,33 +642,14 @@ __device__ __forceinline__ float route_key_prob(uint32_t hi) {
     return __uint_as_float(hi & 0x80000000u ? hi & 0x7fffffffu : ~hi);
 }
 
-/* The k largest keys of the warp (PER a lane), largest first: won(j, hi,
- * lo) for the j-th, its high and low words. k rounds of a two-word warp
- * max (redux.sync) over each lane's best remaining key. */
-template <int PER, class Won>
-__device__ __forceinline__ void top_keys(uint64_t *key, int k, Won won) {
-#pragma unroll 1 /* a round is a dependent chain: unrolled it only grows the code */
-    for (int j = 0; j < k; j++) {
-        uint64_t best = 0;
-#pragma unroll
-        for (int i = 0; i < PER; i++) best = key[i] > best ? key[i] : best;
-        const uint32_t hi = __reduce_max_sync(FULL_MASK, (uint32_t)(best >> 32));
-        const uint32_t lo = __reduce_max_sync(FULL_MASK, (uint32_t)(best >> 32) == hi ? (uint32_t)best : 0u);
-        const uint64_t win = (uint64_t)hi << 32 | lo;
-#pragma unroll
-        for (int i = 0; i < PER; i++)
-            if (key[i] == win) key[i] = 0;
-        won(j, hi, lo);
-    }
-}
-
 /* One warp routes one token, in registers: cpu_route on the logits p (lane
  * l holds those of experts l, l + 32, ...; -inf past n_experts), the k
  * experts and their weights to ids[0..k) and weights[0..k) (lanes < k
  * write; weights may be NULL). No block barrier and no shared memory, so
  * every block of ffn_up routes for itself instead of waiting on a router's
- * last block (decode-plan fact 24). PER: experts a lane (n_experts <= 32
- * PER). */
+ * last block (decode-plan fact 24): k rounds of a two-word warp max
+ * (redux.sync) over each lane's best remaining key. PER: experts a lane
+ * (n_experts <= 32 PER). */
 template <int PER>
 __device__ __forceinline__ void rank_route(const route_spec &r, float *p, float *weights, int *ids) {
     const int lane = threadIdx.x & 31, n = r.n_experts;
@@ -693,11 +674,21 @@ __device__ __forceinline__ void rank_route(const route_spec &r, float *p, float 
     for (int i = 0; i < PER; i++) key[i] = lane + 32 * i < n ? route_key(p[i], lane + 32 * i) : 0;
     float sum = 0.0f, my_w = 0.0f; /* the sum in the CPU's order: rank 0 first */
     int my_id = 0;
-    top_keys<PER>(key, r.k, [&](int j, uint32_t hi, uint32_t lo) {
+#pragma unroll 1 /* a round is a dependent chain: unrolled it only grows the code */
+    for (int j = 0; j < r.k; j++) {
+        uint64_t best = 0;
+#pragma unroll
+        for (int i = 0; i < PER; i++) best = key[i] > best ? key[i] : best;
+        const uint32_t hi = __reduce_max_sync(FULL_MASK, (uint32_t)(best >> 32));
+        const uint32_t lo = __reduce_max_sync(FULL_MASK, (uint32_t)(best >> 32) == hi ? (uint32_t)best : 0u);
+        const uint64_t win = (uint64_t)hi << 32 | lo;
+#pragma unroll
+        for (int i = 0; i < PER; i++)
+            if (key[i] == win) key[i] = 0;
         const float w = route_key_prob(hi);
         sum += w;
         if (lane == j) my_w = w, my_id = (int)(0xffffffffu - lo);
-    });
+    }
     if (lane < r.k) {
         if (r.norm_topk) my_w /= sum;
         if (weights) weights[lane] = my_w * r.w_scale;
@@ -819,25 +810,6 @@ __device__ __forceinline__ void route_sums_of(const route_spec &r, const route_s
 #pragma unroll
     for (int i = 0; i < PER; i++) p[i] = lane + 32 * i < r.n_experts ? (float)((double)s.v[i] * unit) : -INFINITY;
     rank_route<PER>(r, p, weights, ids);
-}
-
-/* The experts the sums rank highest, to ids[0..k): the routing's ids but
- * where two different sums round to one probability (cpu_route then
- * takes the lower id), known before the RMS scale. */
-template <int PER>
-__device__ __forceinline__ void guess_route_of(const route_spec &r, const route_sums_regs &s, int *ids) {
-    const int lane = threadIdx.x & 31;
-    uint64_t key[PER];
-#pragma unroll
-    for (int i = 0; i < PER; i++) key[i] = lane + 32 * i < r.n_experts ? route_key((float)s.v[i], lane + 32 * i) : 0;
-    top_keys<PER>(key, r.k, [&](int j, uint32_t, uint32_t lo) {
-        if (lane == j) ids[j] = (int)(0xffffffffu - lo);
-    });
-}
-
-__device__ __forceinline__ void guess_route(const route_spec &r, const route_sums_regs &s, int *ids) {
-    if (r.n_experts <= 128) guess_route_of<4>(r, s, ids);
-    else guess_route_of<8>(r, s, ids);
 }
 
 /* route_warp from the o projection's sums and the RMS scale. */
@@ -1030,11 +1002,11 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     struct pair_rows {
         const uint8_t *gb, *gm, *ub, *um;
     };
-    __shared__ int slot_ids[MAX_EXPERTS_USED], guessed[MAX_EXPERTS_USED];
-    auto locate = [&](int row, const int *ids) {
+    __shared__ int slot_ids[MAX_EXPERTS_USED];
+    auto locate = [&](int row) {
         const bool routed = !SHARED || row < routed_rows;
         const int j = routed ? div_by_magic(row, R, a.gate.rows_magic) : 0, r = routed ? row - j * R : row - routed_rows;
-        const int e = routed ? ids[j] : 0;
+        const int e = routed ? slot_ids[j] : 0;
         const dmat &mg = routed ? a.gate : a.sh_gate, &mu = routed ? a.up : a.sh_up;
         pair_rows p;
         p.gb = mg.body + e * mg.expert_stride + (int64_t)r * mg.row_stride;
@@ -1058,45 +1030,32 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
     if (!publishes) pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
     float *const pub_w = publishes ? a.route_w : NULL;
-    pair_batch<F> first;
-    auto load_first = [&](const int *ids) {
-        if (start + grp >= total) return;
-        const pair_rows p = locate(start + grp, ids);
-        load_pair<F>(first, p.gb, p.gm, p.ub, p.um, U, sub, L);
-    };
     /* once a block: a warp's later rows then locate theirs without an L2 round trip */
     if (a.route.sums) {
         /* x is final only now: the last warp, idle in a staging of up to
-         * 15 chunks, loads the sums beside it and ranks them (the guess
-         * the first rows load by, once the staging's first barrier has
-         * published it), then routes exactly once the staging has the RMS
-         * scale, while the other warps quantize. */
+         * 15 chunks, loads the sums beside it and routes once the staging
+         * has the RMS scale, while the other warps quantize. */
         constexpr int ROUTER_WARP = GEMV_WARPS - 1;
         route_sums_regs sums;
-        if (warp == ROUTER_WARP) {
-            load_route_sums(a.route, sums);
-            guess_route(a.route, sums, guessed);
-        }
+        if (warp == ROUTER_WARP) load_route_sums(a.route, sums);
         stage_act_normed(F::ACT, a.in, smem, shgate_w, a.shgate_out, [&](float scale) {
-            load_first(guessed);
             if (warp != ROUTER_WARP) return;
             route_warp_sums(a.route, sums, scale, pub_w, slot_ids);
             if (publishes) publish_ids(a.route.k, slot_ids, a.route_ids);
         });
-        bool wrong = false;
-        for (int j = 0; j < a.n_routed; j++) wrong |= guessed[j] != slot_ids[j];
-        if (wrong) load_first(slot_ids); /* two probabilities tied: cpu_route's order */
     } else if (a.route.logits) {
         if (warp == 0) route_warp(a.route, pub_w, slot_ids);
         if (warp == 0 && publishes) publish_ids(a.route.k, slot_ids, a.route_ids);
     } else if (threadIdx.x < a.n_routed) {
         slot_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
     }
-    if (!a.route.sums) {
-        __syncthreads();
-        load_first(slot_ids);
-    }
+    if (!a.route.sums) __syncthreads();
     if (a.act_ready || a.route.sums) trace_mark(a.trace, TRACE_STAGED);
+    pair_batch<F> first;
+    if (start + grp < total) {
+        const pair_rows p = locate(start + grp);
+        load_pair<F>(first, p.gb, p.gm, p.ub, p.um, U, sub, L);
+    }
     if (!a.act_ready && !a.route.sums) {
         stage_act_normed(F::ACT, a.in, smem, shgate_w, a.shgate_out);
         trace_mark(a.trace, TRACE_STAGED);
@@ -1122,7 +1081,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
             const int row = base + grp;
             pair_batch<F> next;
             if (row + stride < total) {
-                const pair_rows p = locate(row + stride, slot_ids);
+                const pair_rows p = locate(row + stride);
                 load_pair<F>(next, p.gb, p.gm, p.ub, p.um, U, sub, L);
             }
             float g = 0.0f, u = 0.0f;
@@ -1138,7 +1097,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
             const int row = base + grp;
             float g = 0.0f, u = 0.0f;
             if (row < total) {
-                const pair_rows p = locate(row, slot_ids);
+                const pair_rows p = locate(row);
                 dot_units_pair<F>(p.gb, p.gm, p.ub, p.um, U, av, L, sub, &g, &u, pre);
             }
             finish_row(row, g, u);
