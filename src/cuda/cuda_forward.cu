@@ -250,7 +250,7 @@ static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const cuda_l
     if (n_routed) {
         a.down = *down, a.n_routed = n_routed;
         if (s->m->config.n_experts) a.ids = s->route_ids, a.route_w = s->route_w;
-        if (s->o_routes) a.clear_sums = s->route_sums, a.n_clear = ROUTE_SUM_SLOTS * s->m->config.n_experts;
+        if (s->o_routes) a.clear_sums = s->route_sums, a.n_clear = s->m->config.n_experts;
         a.routed_act_stride = down->cols;
         len = n_routed * down->cols;
         units = n_routed * down->units;
@@ -689,7 +689,7 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->qkv = (float *)carve(base, used, (size_t)(s->q_dim + 2 * s->kv_dim) * sizeof(float));
     s->att = (float *)carve(base, used, (size_t)s->q_dim * sizeof(float));
     s->router = (float *)carve(base, used, (size_t)(c->n_experts + 1) * sizeof(float));
-    s->route_sums = (long long *)carve(base, used, (size_t)ROUTE_SUM_SLOTS * (c->n_experts + 1) * sizeof(long long));
+    s->route_sums = (long long *)carve(base, used, (size_t)(c->n_experts + 1) * sizeof(long long));
     s->route_w = (float *)carve(base, used, (size_t)MAX_EXPERTS_USED * sizeof(float));
     s->route_ids = (int *)carve(base, used, (size_t)MAX_EXPERTS_USED * sizeof(int));
     s->shgate = (float *)carve(base, used, sizeof(float));

@@ -76,7 +76,6 @@ struct route_spec {
  * residual it leaves (kernels.cuh, route_shares), so that no router launch
  * runs between it and ffn_up. An F32 router of n_experts rows of w_stride
  * floats, the FFN norm's weights, and n_experts sums in fixed point. */
-#define ROUTE_SUM_SLOTS 8 /* copies of each sum, block b adding to copy b % 8 (route_shares) */
 struct route_sums_args {
     const float *w;
     int64_t w_stride;
@@ -308,7 +307,7 @@ struct cuda_state {
     float *qkv;               /* (q_dim + 2 kv_dim) */
     float *att;               /* (q_dim) */
     float *router;            /* (n_experts) logits */
-    long long *route_sums;    /* (ROUTE_SUM_SLOTS, n_experts) the o projection's router sums (EPI_ROUTE) */
+    long long *route_sums;    /* (n_experts) the o projection's router sums (EPI_ROUTE) */
     bool o_routes;            /* this layer's o launch summed the router (enqueue_step) */
     float *route_w;           /* (k) the routing, from ffn_up's block 0 */
     int *route_ids;           /* (k) */

@@ -732,10 +732,7 @@ __device__ __forceinline__ void publish_ids(int k, const int *slot_ids, int *ids
  * every sum as a fixed-point integer (ROUTE_SUM_ONE units of 1) with one
  * atomic: integer additions are exact and commute, so the sums are the
  * same bits in whatever order the blocks finish. A share is clamped to
- * ROUTE_SHARE_MAX so that 512 of them cannot overflow. Each sum has
- * ROUTE_SUM_SLOTS copies, block b adding to copy b % ROUTE_SUM_SLOTS, which
- * ffn_up adds up: atomics on one address queue in L2, and 128 blocks on
- * each of 128 sums held the o launch's end 1.3-1.8 us. */
+ * ROUTE_SHARE_MAX so that 512 of them cannot overflow. */
 #define ROUTE_SUM_ONE 4294967296.0 /* 2^32 */
 #define ROUTE_SHARE_MAX 8388608.0f /* 2^23 */
 
@@ -778,8 +775,7 @@ __device__ __forceinline__ void route_shares(const route_sums_args &r, const rou
         for (int off = span / 2; off > 0; off >>= 1) share += __shfl_xor_sync(FULL_MASK, share, off);
         if ((lane & (span - 1)) == 0 && k.e < r.n_experts) {
             share = fminf(fmaxf(share, -ROUTE_SHARE_MAX), ROUTE_SHARE_MAX);
-            long long *sum = r.sums + (blockIdx.x % ROUTE_SUM_SLOTS) * r.n_experts + k.e;
-            atomicAdd((unsigned long long *)sum, (unsigned long long)__double2ll_rn(share * ROUTE_SUM_ONE));
+            atomicAdd((unsigned long long *)r.sums + k.e, (unsigned long long)__double2ll_rn(share * ROUTE_SUM_ONE));
         }
     }
 }
@@ -793,12 +789,7 @@ struct route_sums_regs {
 __device__ __forceinline__ void load_route_sums(const route_spec &r, route_sums_regs &s) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int i = 0; i < MAX_ROUTED_EXPERTS / 32; i++) {
-        s.v[i] = 0;
-        if (lane + 32 * i < r.n_experts)
-#pragma unroll
-            for (int c = 0; c < ROUTE_SUM_SLOTS; c++) s.v[i] += __ldcg(r.sums + c * r.n_experts + lane + 32 * i);
-    }
+    for (int i = 0; i < MAX_ROUTED_EXPERTS / 32; i++) s.v[i] = lane + 32 * i < r.n_experts ? __ldcg(r.sums + lane + 32 * i) : 0;
 }
 
 template <int PER>
@@ -1150,8 +1141,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         if (ids[threadIdx.x] != guessed[threadIdx.x]) guessed_wrong = 1;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
-    if (a.clear_sums && blockIdx.x == 0)
-        for (int i = threadIdx.x; i < a.n_clear; i += blockDim.x) a.clear_sums[i] = 0;
+    if (a.clear_sums && blockIdx.x == 0 && threadIdx.x < a.n_clear) a.clear_sums[threadIdx.x] = 0;
     stage_act(F::ACT, a.in, smem); /* no norm; ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
     if (a.n_routed && guessed_wrong && start + grp < total) /* the rows loaded before the wait are the wrong experts' */
