@@ -79,11 +79,9 @@ DEFINE_CUDA_FORMAT(fmt_bf16, bf16)
 
 /* ---------------------------------------------------------------- the router */
 
-/* logits = W_r RMSNorm(x) for an F32 router when it has its own launch
- * (MOE_CUDA_ROUTER_LAUNCH=1; by default the o launch sums it, EPI_ROUTE
- * in kernels.cuh); the expert launches route from them. One block per
- * expert with the row spread over all its threads, so all of the
- * router's loads are in flight at once: the
+/* logits = W_r RMSNorm(x) for an F32 router; the expert launches route
+ * from them. One block per expert with the row spread over all its
+ * threads, so all of the router's loads are in flight at once: the
  * generic GEMV puts a router's 128 rows on 16 blocks, a warp a row, four
  * dependent round trips each. One pass over x after the wait: the norm's
  * scale factors out of the sum (logit = scale * sum w_i g_i x_i), so the

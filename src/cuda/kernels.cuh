@@ -46,25 +46,21 @@
  * launch and a dependent step from every matrix product.
  *
  * Three kernels use this machinery:
- *   gemv_kernel     y = W x (+ bias) (+= into y): q|k|v, o + residual
- *                   (which also sums an F32 router over the new x:
- *                   EPI_ROUTE), a quantized router's logits, the output
- *                   head (last block: argmax).
+ *   gemv_kernel     y = W x (+ bias) (+= into y): q|k|v, o + residual,
+ *                   a router's logits, the output head (last block:
+ *                   argmax).
  *   ffn_up_kernel   h = silu(G x) * (U x) for the k routed experts, plus
  *                   the shared expert, in one launch; block 0 also
- *                   computes the shared expert's sigmoid gate. After the o
- *                   launch it stages x after its wait and its last warp
- *                   routes beside the staging; behind a router launch it
- *                   stages x before its wait (x was final two launches
- *                   back), so only the routing follows the wait.
+ *                   computes the shared expert's sigmoid gate. Behind a
+ *                   router it stages x before its wait (x was final two
+ *                   launches back), so only the routing follows the wait.
  *   ffn_down_kernel x += sum_j w_j D_{id_j} h_j + g * D_sh h_sh: every
  *                   output row reads the k experts' rows (flattened into
  *                   one stream of units) and writes the residual once, no
  *                   atomics, deterministic.
- * Routing (route_warp) is a warp's, from the o launch's router sums or a
- * router launch's logits in device memory: every block of ffn_up routes
- * for itself, so no launch waits on a router's last block, and its block 0
- * publishes the routing for ffn_down.
+ * Routing (route_warp) is a warp's, from the router's logits in device
+ * memory: every block of ffn_up routes for itself, so no launch waits on a
+ * router's last block, and its block 0 publishes the routing for ffn_down.
  */
 #ifndef MOE_CUDA_KERNELS_CUH
 #define MOE_CUDA_KERNELS_CUH
