@@ -141,10 +141,11 @@ static float *cpu_logits(const model *m, const int32_t *ids, int n) {
     return logits;
 }
 
-static float *gpu_logits(cuda_model *g, const model *m, const int32_t *ids, int n, cuda_options o) {
+static float *gpu_logits(cuda_model *g, const model *m, const int32_t *ids, int n, bool graph, bool pdl) {
     size_t vocab = (size_t)m->config.n_vocab;
     float *logits = malloc(n * vocab * sizeof *logits);
     for (size_t i = 0; i < n * vocab; i++) logits[i] = NAN;
+    cuda_options o = {graph, pdl};
     cuda_state *s = NULL;
     moe_error err = {0};
     CHECKF(cuda_state_new(g, n, &o, &s, &err) == MOE_OK, "%s", err.message);
@@ -170,30 +171,8 @@ static int argmax(const float *x, int n) {
     return best;
 }
 
-/* GPU logits (n positions) against the CPU's: float weights every
- * position within TOL; quantized weights the same, except that once an
- * activation code has flipped (see the top of this file) the positions
- * from there on are held to FLIP_TOL. Prints the worst (no newline). */
-static void compare_to_cpu(const model *m, const char *label, const float *got, const float *want, int n) {
-    const int vocab = m->config.n_vocab;
-    const bool exact = is_float_type(m->layers[0].wq.type) && is_float_type(m->output.type);
-    double worst = 0;
-    int worst_at = 0, bad = 0, flip_at = -1;
-    for (int t = 0; t < n; t++) {
-        double e = rel_l2(got + (size_t)t * vocab, want + (size_t)t * vocab, vocab);
-        if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "    position %d: %.3g\n", t, e);
-        if (!exact && flip_at < 0 && e > FLIP_FLOOR && t >= MIN_CLEAN) flip_at = t;
-        double limit = flip_at >= 0 && t >= flip_at ? FLIP_TOL : TOL;
-        if (!(e <= limit) && bad++ < 4) fprintf(stderr, "  %s position %d: relative L2 error %.3g (limit %.0e)\n", label, t, e, limit);
-        if (!(e <= worst)) worst = e, worst_at = t;
-    }
-    CHECKF(bad == 0, "%s: %d of %d positions over their limit (worst %.3g at %d)", label, bad, n, worst, worst_at);
-    printf("  %-34s worst rel L2 %.3g at position %d", label, worst, worst_at);
-    if (flip_at >= 0) printf(" (activation code flip from position %d)", flip_at);
-}
-
-/* GPU vs CPU on one model; with `variants`, also the launch modes, a MoE's
- * router in its own launch, and the device-chained greedy decode. */
+/* GPU vs CPU on one model; with `variants`, also the launch modes and the
+ * device-chained greedy decode. */
 static void check_model(const model *m, const char *label, bool variants) {
     const int n = n_positions, vocab = m->config.n_vocab;
     int32_t *ids = malloc((n > 16 ? n : 16) * sizeof *ids);
@@ -209,24 +188,32 @@ static void check_model(const model *m, const char *label, bool variants) {
     double t1 = monotonic_seconds();
     float *want = cpu_logits(m, ids, n);
     double t2 = monotonic_seconds();
-    float *got = gpu_logits(g, m, ids, n, (cuda_options){true, true, false});
+    float *got = gpu_logits(g, m, ids, n, true, true);
     double t3 = monotonic_seconds();
-    compare_to_cpu(m, label, got, want, n);
+    /* Float weights: every position within TOL. Quantized weights: the
+     * same, except that once an activation code has flipped (see the top
+     * of this file) the positions from there on are held to FLIP_TOL. */
+    const bool exact = is_float_type(m->layers[0].wq.type) && is_float_type(m->output.type);
+    double worst = 0;
+    int worst_at = 0, bad = 0, flip_at = -1;
+    for (int t = 0; t < n; t++) {
+        double e = rel_l2(got + (size_t)t * vocab, want + (size_t)t * vocab, vocab);
+        if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "    position %d: %.3g\n", t, e);
+        if (!exact && flip_at < 0 && e > FLIP_FLOOR && t >= MIN_CLEAN) flip_at = t;
+        double limit = flip_at >= 0 && t >= flip_at ? FLIP_TOL : TOL;
+        if (!(e <= limit) && bad++ < 4) fprintf(stderr, "  %s position %d: relative L2 error %.3g (limit %.0e)\n", label, t, e, limit);
+        if (!(e <= worst)) worst = e, worst_at = t;
+    }
+    CHECKF(bad == 0, "%s: %d of %d positions over their limit (worst %.3g at %d)", label, bad, n, worst, worst_at);
+    printf("  %-34s worst rel L2 %.3g at position %d", label, worst, worst_at);
+    if (flip_at >= 0) printf(" (activation code flip from position %d)", flip_at);
     printf("; upload %.2f s, cpu %.2f s, gpu %.2f s\n", t1 - t0, t2 - t1, t3 - t2);
     if (variants) {
         const bool modes[3][2] = {{false, false}, {true, false}, {false, true}};
         for (int v = 0; v < 3; v++) {
-            float *other = gpu_logits(g, m, ids, n, (cuda_options){modes[v][0], modes[v][1], false});
+            float *other = gpu_logits(g, m, ids, n, modes[v][0], modes[v][1]);
             CHECKF(memcmp(other, got, (size_t)n * vocab * sizeof(float)) == 0,
                    "%s: graph=%d pdl=%d gives other logits than graph=1 pdl=1", label, modes[v][0], modes[v][1]);
-            free(other);
-        }
-        if (m->config.n_experts) { /* the router in its own launch, not summed by the o launch */
-            char routed[128];
-            snprintf(routed, sizeof routed, "%s (router launch)", label);
-            float *other = gpu_logits(g, m, ids, n, (cuda_options){true, true, true});
-            compare_to_cpu(m, routed, other, want, n);
-            printf("\n");
             free(other);
         }
         /* greedy on the device vs the host's argmax of each step's logits */
@@ -500,13 +487,10 @@ static void test_timeline(void) {
     if (s) CHECKF(cuda_decode_greedy(s, 1, 0, 4, NULL, NULL, &err) == MOE_OK, "%s", err.message);
     if (s) CHECKF(cuda_timeline_layer(s, 1, 4, 1, 2, &t, &err) == MOE_OK, "%s", err.message);
     if (s) {
-        /* the router has its own launch only when asked to: the o launch sums it */
-        const int fused[] = {CUDA_STAGE_QKV, CUDA_STAGE_ATTENTION, CUDA_STAGE_O, CUDA_STAGE_UP, CUDA_STAGE_DOWN};
-        const int apart[] = {CUDA_STAGE_QKV, CUDA_STAGE_ATTENTION, CUDA_STAGE_O, CUDA_STAGE_ROUTER, CUDA_STAGE_UP,
-                             CUDA_STAGE_DOWN};
-        const int *want = o.router_launch ? apart : fused, n_want = o.router_launch ? 6 : 5;
-        CHECKF(t.n == n_want, "%d launches traced, %d expected", t.n, n_want);
-        for (int i = 0; i < t.n && i < n_want; i++) {
+        const int want[] = {CUDA_STAGE_QKV, CUDA_STAGE_ATTENTION, CUDA_STAGE_O, CUDA_STAGE_ROUTER, CUDA_STAGE_UP,
+                            CUDA_STAGE_DOWN};
+        CHECKF(t.n == 6, "%d launches traced", t.n);
+        for (int i = 0; i < t.n && i < 6; i++) {
             const cuda_timeline_stage *st = &t.stages[i];
             CHECKF(st->stage == want[i] && st->blocks > 0, "launch %d: stage %d, %d blocks", i, st->stage, st->blocks);
             CHECKF(st->entry_first <= st->waited_first && st->waited_first <= st->done,

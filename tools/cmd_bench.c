@@ -356,8 +356,7 @@ static int bench_cuda_tg(cuda_state *s, const bench_args *a, report *r, const in
 /* The stage profile at a filled cache (--profile). */
 static int bench_cuda_profile(cuda_model *g, const bench_args *a, report *r, const int32_t *prompt) {
     moe_error err = {0};
-    cuda_options o = cuda_default_options(); /* the step's launches as the environment asks */
-    o.graph = o.pdl = false;
+    cuda_options o = {false, false};
     cuda_state *s = NULL;
     int status = 0;
     if (cuda_state_new(g, a->profile_pos + CUDA_PROFILE_SPAN, &o, &s, &err) != MOE_OK) return cli_fail("bench", &err);
@@ -407,13 +406,10 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
     r->weights_gb = cuda_model_bytes(g) / 1e9;
     note_memory(r);
     const int n_ctx = (a->p > a->depth + a->n ? a->p : a->depth + a->n) + 8;
-    const bool router_launch = cuda_default_options().router_launch;
     const struct {
         const char *name;
         cuda_options o;
-    } variants[] = {{"(graph+PDL)", {true, true, router_launch}},
-                    {"(graph)", {true, false, router_launch}},
-                    {"(no graph)", {false, false, router_launch}}};
+    } variants[] = {{"(graph+PDL)", {true, true}}, {"(graph)", {true, false}}, {"(no graph)", {false, false}}};
     int status = 0;
     for (size_t v = 0; v < sizeof variants / sizeof variants[0] && status == 0; v++) {
         cuda_state *s = NULL;

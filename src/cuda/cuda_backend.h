@@ -43,13 +43,10 @@ typedef struct cuda_state cuda_state;
  * MOE_CUDA_GRAPH=0 launches the step's kernels one by one instead of
  * replaying a graph, MOE_CUDA_PDL=0 turns off programmatic dependent launch
  * (on by default: each kernel loads its first weights before it waits for
- * the one before, which `moe bench` measures faster), MOE_CUDA_ROUTER_LAUNCH=1
- * gives an F32 router its own launch instead of summing it in the o
- * projection (the path a quantized router always takes). */
+ * the one before, which `moe bench` measures faster). */
 typedef struct cuda_options {
     bool graph;
     bool pdl;
-    bool router_launch;
 } cuda_options;
 
 #ifdef MOE_HAVE_CUDA

@@ -8,13 +8,14 @@
  *   per layer:
  *     q|k|v = W (RMSNorm x) (+ bias)                     gemv (norm fused)
  *     q/k norm, RoPE, append k v, attention               attention
- *     x += Wo att; router sums W_r (g x)                    gemv (residual)
+ *     x += Wo att                                          gemv (residual)
+ *     router logits                                        router
  *     softmax|sigmoid, top-k, weights; then               (each block routes)
  *     h = silu(G_e xn) * (U_e xn), k experts (+ shared)    ffn_up
  *     x += sum w_e D_e h_e (+ g D_sh h_sh)                 ffn_down
  *   logits = W_out (RMSNorm x), argmax -> step[0], step[1] += 1
  *
- * Five launches per MoE layer, no host round trip: the token and position
+ * Six launches per MoE layer, no host round trip: the token and position
  * live in device memory (step), so the captured graph serves every
  * position. Matrices of different types in one group (q, k, v) get one
  * launch per type. A launch's grid is sized to the kernel's occupancy on
@@ -42,7 +43,7 @@ static bool env_flag(const char *name, bool fallback) {
 /* ---------------------------------------------------------------- stage profile */
 
 static const char *const stage_names[CUDA_STAGE_COUNT] = {
-    "embedding",          "attn norm + q/k/v",    "qk-norm/rope/kv/attention", "o + residual (+router)",
+    "embedding",          "attn norm + q/k/v",    "qk-norm/rope/kv/attention", "o + residual",
     "ffn norm + router",  "experts gate/up (+sh)", "shared gate/up",            "experts down (+sh)",
     "shared down",        "final norm + head + argmax"};
 
@@ -85,28 +86,19 @@ typedef struct gemv_out {
     const float *bias;
 } gemv_out;
 
-/* How a MoE layer routes: from the sums the o launch left, or the router
- * launch's logits. */
+/* How a MoE layer routes: from the router launch's logits. */
 static route_spec route_of(const cuda_state *s) {
     const model_config *c = &s->m->config;
-    return route_spec{s->o_routes ? NULL : s->router, s->o_routes ? s->route_sums : NULL, c->n_experts,
-                      c->n_experts_used, c->gating == GATING_SIGMOID, c->norm_topk, c->expert_weights_scale};
+    return route_spec{s->router, c->n_experts, c->n_experts_used, c->gating == GATING_SIGMOID, c->norm_topk,
+                      c->expert_weights_scale};
 }
 
 /* What a gemv() launch is for: the router's logits (F32: router_kernel),
- * the head's launch takes the argmax, the o launch sums the router. */
-enum { GEMV_PLAIN, GEMV_ROUTER, GEMV_HEAD, GEMV_O_ROUTE };
-
-/* The router's sums for layer l's o launch (kind GEMV_O_ROUTE). */
-static route_sums_args route_sums_of(const cuda_state *s, int l) {
-    const cuda_layer *w = &s->g->layers[l];
-    return route_sums_args{(const float *)w->router.body, w->router.row_stride / (int64_t)sizeof(float), w->ffn_norm,
-                           s->m->config.n_experts, s->route_sums};
-}
+ * the head's launch takes the argmax. */
+enum { GEMV_PLAIN, GEMV_ROUTER, GEMV_HEAD };
 
 /* y = W in for each output; one launch per weight type among them. */
-static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int kind,
-                 const route_sums_args *sums, uint64_t *trace) {
+static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool accumulate, int kind, uint64_t *trace) {
     bool done[MAX_SEGS] = {false, false, false};
     for (int i = 0; i < n; i++) {
         if (done[i]) continue;
@@ -127,8 +119,7 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
             a.seg_end[a.n_seg++] = rows;
         }
         a.lanes = pick_lanes(outs[i].w->units, f->n);
-        a.epilogue = kind == GEMV_HEAD ? EPI_ARGMAX : kind == GEMV_O_ROUTE ? EPI_ROUTE : EPI_NONE;
-        if (sums) a.sums = *sums;
+        a.epilogue = kind == GEMV_HEAD ? EPI_ARGMAX : EPI_NONE;
         a.trace = trace;
         if (kind == GEMV_HEAD) {
             a.counter = s->counters;
@@ -149,20 +140,6 @@ static void embed(cuda_state *s) {
     mark(s, CUDA_STAGE_EMBED, (double)e->row_stride + e->meta_row_stride);
 }
 
-/* Whether layer l's o launch can sum the router (EPI_ROUTE): an F32
- * router over x, and each block's rows in one pass (route_shares). */
-static bool o_can_route(const cuda_state *s, int l) {
-    const model_config *c = &s->m->config;
-    const cuda_layer *w = &s->g->layers[l];
-    if (!c->n_experts || s->opt.router_launch || w->router.type != MOE_TYPE_F32 || !w->ffn_norm ||
-        w->router.rows != c->n_experts || w->router.cols != w->wo.rows || w->router.row_stride % 16)
-        return false;
-    const cuda_format *f = cuda_format_of(w->wo.type);
-    const int lanes = pick_lanes(w->wo.units, f->n), block_rows = GEMV_WARPS * (32 / lanes);
-    const int grid = grid_for(s, f, 0, gemv_smem(f->act, s->q_dim), w->wo.rows, lanes);
-    return (int64_t)grid * block_rows >= w->wo.rows;
-}
-
 static void attention_block(cuda_state *s, int l) {
     const model_config *c = &s->m->config;
     const cuda_layer *w = &s->g->layers[l];
@@ -170,7 +147,7 @@ static void attention_block(cuda_state *s, int l) {
     gemv_out qkv[3] = {{&w->wq, s->qkv, w->bq},
                        {&w->wk, s->qkv + s->q_dim, w->bk},
                        {&w->wv, s->qkv + s->q_dim + s->kv_dim, w->bv}};
-    if (live(s, CUDA_STAGE_QKV)) gemv(s, in, qkv, 3, false, GEMV_PLAIN, NULL, trace_of(s, l, CUDA_STAGE_QKV));
+    if (live(s, CUDA_STAGE_QKV)) gemv(s, in, qkv, 3, false, GEMV_PLAIN, trace_of(s, l, CUDA_STAGE_QKV));
     mark(s, CUDA_STAGE_QKV, dmat_bytes(&w->wq) + dmat_bytes(&w->wk) + dmat_bytes(&w->wv));
 
     attn_args a;
@@ -200,11 +177,8 @@ static void attention_block(cuda_state *s, int l) {
 
     act_in att = {s->att, NULL, 0.0f, s->q_dim};
     gemv_out o = {&w->wo, s->x, NULL};
-    s->o_routes = o_can_route(s, l);
-    const route_sums_args sums = s->o_routes ? route_sums_of(s, l) : route_sums_args{};
-    if (live(s, CUDA_STAGE_O))
-        gemv(s, att, &o, 1, true, s->o_routes ? GEMV_O_ROUTE : GEMV_PLAIN, &sums, trace_of(s, l, CUDA_STAGE_O));
-    mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo) + (s->o_routes ? dmat_bytes(&w->router) : 0));
+    if (live(s, CUDA_STAGE_O)) gemv(s, att, &o, 1, true, GEMV_PLAIN, trace_of(s, l, CUDA_STAGE_O));
+    mark(s, CUDA_STAGE_O, dmat_bytes(&w->wo));
 }
 
 /* h = silu(gate x) * (up x) for `n_routed` slots of a slab (a dense FFN:
@@ -233,7 +207,7 @@ static void ffn_up(cuda_state *s, act_in in, const dmat *gate, const dmat *up, i
     a.h_shared_off = s->n_ff_routed;
     /* x comes from the o projection, two launches back when a router (or
      * the routed experts' launch) ran in between */
-    a.act_ready = s->m->config.n_experts > 0 && !s->o_routes && live(s, CUDA_STAGE_ROUTER);
+    a.act_ready = s->m->config.n_experts > 0 && live(s, CUDA_STAGE_ROUTER);
     a.lanes = up_lanes(f, units);
     a.trace = trace;
     const size_t smem = gemv_smem(f->act, in.n);
@@ -250,7 +224,6 @@ static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const cuda_l
     if (n_routed) {
         a.down = *down, a.n_routed = n_routed;
         if (s->m->config.n_experts) a.ids = s->route_ids, a.route_w = s->route_w;
-        if (s->o_routes) a.clear_sums = s->route_sums, a.n_clear = s->m->config.n_experts;
         a.routed_act_stride = down->cols;
         len = n_routed * down->cols;
         units = n_routed * down->units;
@@ -282,12 +255,9 @@ static void ffn_block(cuda_state *s, int l) {
         mark(s, CUDA_STAGE_DOWN, dmat_bytes(&w->ffn_down));
         return;
     }
-    if (!s->o_routes) {
-        gemv_out r = {&w->router, s->router, NULL};
-        if (live(s, CUDA_STAGE_ROUTER))
-            gemv(s, in, &r, 1, false, GEMV_ROUTER, NULL, trace_of(s, l, CUDA_STAGE_ROUTER));
-        mark(s, CUDA_STAGE_ROUTER, dmat_bytes(&w->router));
-    }
+    gemv_out r = {&w->router, s->router, NULL};
+    if (live(s, CUDA_STAGE_ROUTER)) gemv(s, in, &r, 1, false, GEMV_ROUTER, trace_of(s, l, CUDA_STAGE_ROUTER));
+    mark(s, CUDA_STAGE_ROUTER, dmat_bytes(&w->router));
     const int k = c->n_experts_used;
     const bool sh = w->has_shared;
     const double sh_up = sh ? dmat_bytes(&w->sh_gate) + dmat_bytes(&w->sh_up) : 0, sh_down = sh ? dmat_bytes(&w->sh_down) : 0;
@@ -313,7 +283,7 @@ static void head(cuda_state *s) {
     const model_config *c = &s->m->config;
     act_in in = {s->x, s->g->output_norm, c->rms_eps, c->n_embd};
     gemv_out o = {&s->g->output, s->logits, NULL};
-    if (live(s, CUDA_STAGE_HEAD)) gemv(s, in, &o, 1, false, GEMV_HEAD, NULL, NULL);
+    if (live(s, CUDA_STAGE_HEAD)) gemv(s, in, &o, 1, false, GEMV_HEAD, NULL);
     mark(s, CUDA_STAGE_HEAD, dmat_bytes(&s->g->output));
 }
 
@@ -667,7 +637,6 @@ cuda_options cuda_default_options(void) {
     cuda_options o;
     o.graph = env_flag("MOE_CUDA_GRAPH", true);
     o.pdl = env_flag("MOE_CUDA_PDL", true); /* MOE_CUDA_PDL=0: plain graph edges */
-    o.router_launch = env_flag("MOE_CUDA_ROUTER_LAUNCH", false);
     return o;
 }
 
@@ -689,7 +658,6 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->qkv = (float *)carve(base, used, (size_t)(s->q_dim + 2 * s->kv_dim) * sizeof(float));
     s->att = (float *)carve(base, used, (size_t)s->q_dim * sizeof(float));
     s->router = (float *)carve(base, used, (size_t)(c->n_experts + 1) * sizeof(float));
-    s->route_sums = (long long *)carve(base, used, (size_t)(c->n_experts + 1) * sizeof(long long));
     s->route_w = (float *)carve(base, used, (size_t)MAX_EXPERTS_USED * sizeof(float));
     s->route_ids = (int *)carve(base, used, (size_t)MAX_EXPERTS_USED * sizeof(int));
     s->shgate = (float *)carve(base, used, sizeof(float));

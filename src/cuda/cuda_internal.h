@@ -17,7 +17,7 @@ extern "C" {
 }
 
 enum { ACT_Q8K, ACT_Q80, ACT_F32 };                 /* activation (dot) types */
-enum { EPI_NONE, EPI_ARGMAX, EPI_ROUTE };           /* gemv epilogues */
+enum { EPI_NONE, EPI_ARGMAX };                      /* gemv epilogues */
 enum { MAX_EXPERTS_USED = 32, MAX_ROUTED_EXPERTS = 256, MAX_SEGS = 3 };
 #define GEMV_THREADS 512 /* threads of a matrix-vector block (kernels.cuh) */
 #define GEMV_WARPS (GEMV_THREADS / 32)
@@ -66,22 +66,9 @@ struct act_in {
  * sigmoid over the router's logits, the k largest, their weights
  * renormalised (norm_topk) and scaled. */
 struct route_spec {
-    const float *logits;     /* n_experts logits, */
-    const long long *sums;   /* or the o projection's sums of them (route_sums_args), scaled by the staged RMS */
+    const float *logits; /* n_experts logits */
     int n_experts, k, gating, norm_topk;
     float w_scale;
-};
-
-/* EPI_ROUTE: the o projection also sums the router's logits over the
- * residual it leaves (kernels.cuh, route_shares), so that no router launch
- * runs between it and ffn_up. An F32 router of n_experts rows of w_stride
- * floats, the FFN norm's weights, and n_experts sums in fixed point. */
-struct route_sums_args {
-    const float *w;
-    int64_t w_stride;
-    const float *norm;
-    int n_experts;
-    long long *sums;
 };
 
 struct gemv_seg {
@@ -104,7 +91,6 @@ struct gemv_args {
     int *part_idx;
     int *step;    /* [0] token, [1] position */
     int *history; /* history[pos] = the argmax after position pos */
-    route_sums_args sums; /* EPI_ROUTE */
     uint64_t *trace; /* timeline marks (cuda_compat.cuh), or NULL */
 };
 
@@ -112,7 +98,7 @@ struct ffn_up_args {
     act_in in;
     dmat gate, up;     /* routed slabs (or a dense FFN's matrices) */
     int n_routed;      /* slots of routed experts in this launch (0: none) */
-    route_spec route;  /* logits or sums set: every block routes (route_warp) */
+    route_spec route;  /* logits set: every block routes (route_warp) */
     int *route_ids;    /* and block 0 publishes the ids and weights for ffn_down */
     float *route_w;
     const int *ids;    /* else the expert of each slot; NULL: expert 0 (dense) */
@@ -140,8 +126,6 @@ struct ffn_down_args {
     const float *shgate;  /* NULL: weight 1 */
     int shared_act_off;
     float *x;
-    long long *clear_sums; /* the router's sums ffn_up has read, zeroed for the next layer's o (or NULL) */
-    int n_clear;
     int lanes;
     uint64_t *trace;
 };
@@ -307,8 +291,6 @@ struct cuda_state {
     float *qkv;               /* (q_dim + 2 kv_dim) */
     float *att;               /* (q_dim) */
     float *router;            /* (n_experts) logits */
-    long long *route_sums;    /* (n_experts) the o projection's router sums (EPI_ROUTE) */
-    bool o_routes;            /* this layer's o launch summed the router (enqueue_step) */
     float *route_w;           /* (k) the routing, from ffn_up's block 0 */
     int *route_ids;           /* (k) */
     float *shgate;            /* (1) */

@@ -60,7 +60,6 @@ struct alignas(8) int2 { int x, y; };
 struct alignas(8) float2 { float x, y; };
 static inline int2 make_int2(int x, int y) { return int2{x, y}; }
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
-static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 /* ---------------------------------------------------------------- runtime API */
 
@@ -215,7 +214,6 @@ static inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4);
 static inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
 static inline double __longlong_as_double(long long i) { double d; memcpy(&d, &i, 8); return d; }
 static inline int __float2int_rn(float f) { return (int)nearbyintf(f); }
-static inline long long __double2ll_rn(double d) { return llrint(d); }
 
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }

@@ -219,7 +219,7 @@ moe_status cuda_test_experts(const cuda_test_expert_io *io, moe_error *err) {
     if (st == MOE_OK && io->logits) st = dev_alloc(&b, (void **)&dlogits, (size_t)n_experts * 4, err);
     if (st == MOE_OK && !io->logits) st = dev_alloc(&b, (void **)&dtruth, (size_t)k * 4, err);
     if (st == MOE_OK) {
-        const route_spec route = {dlogits, NULL, n_experts, k, io->sigmoid, 1, 1.0f};
+        const route_spec route = {dlogits, n_experts, k, io->sigmoid, 1, 1.0f};
         ffn_up_args ua;
         memset(&ua, 0, sizeof ua);
         ua.in = act_in{dx, NULL, 0.0f, n_embd};

@@ -349,16 +349,9 @@ __device__ __forceinline__ float block_rms_scale(const act_in &in, const float *
     return rms_scale(block_sum_double(ss, (double *)scratch), in.n, in.eps);
 }
 
-/* What stage_act_normed runs once the RMS scale is known (every thread
- * calls it): nothing, or ffn_up's routing from the o projection's sums. */
-struct no_scale_hook {
-    __device__ __forceinline__ void operator()(float) const {}
-};
-
 /* stage_act_normed for the float formats. */
-template <class Hook>
 __device__ __forceinline__ void stage_f32_normed(const act_in &in, float *f, const float *gate_w, float *gate_out,
-                                                 float *scratch, const Hook &with_scale) {
+                                                 float *scratch) {
     const int n = in.n, tid = threadIdx.x, nt = blockDim.x;
     float scale = 1.0f;
     if (in.norm) {
@@ -370,7 +363,6 @@ __device__ __forceinline__ void stage_f32_normed(const act_in &in, float *f, con
         scale = rms_scale(block_sum_double(ss, (double *)scratch), n, in.eps);
     }
     if (gate_w) shared_gate(in, scale, gate_w, gate_out, scratch);
-    with_scale(scale);
     for (int i = tid * 4; i < n; i += nt * 4) {
         float4 v = *(const float4 *)(in.src + i);
         if (in.norm) {
@@ -385,16 +377,13 @@ __device__ __forceinline__ void stage_f32_normed(const act_in &in, float *f, con
 /* ffn_up's staging: `in` fully normalised (cpu_rmsnorm) and quantized
  * into shared memory as `kind`. When gate_w is given, also computes
  * sigmoid(dot(normalised input, gate_w)) and block 0 stores it in
- * *gate_out (the shared expert's gate). with_scale(scale) runs between the
- * scale and the codes (warp c quantizes chunk c of 256 values: with 2048
- * of them, warps 8.. are free for it). Ends with a barrier. */
-template <class Hook = no_scale_hook>
+ * *gate_out (the shared expert's gate). Ends with a barrier. */
 __device__ __forceinline__ void stage_act_normed(int kind, const act_in &in, uint8_t *smem, const float *gate_w,
-                                                 float *gate_out, const Hook &with_scale = Hook()) {
+                                                 float *gate_out) {
     const int n = in.n, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float *scratch = (float *)(smem + act_bytes(kind, n));
     if (kind == ACT_F32) {
-        stage_f32_normed(in, (float *)smem, gate_w, gate_out, scratch, with_scale);
+        stage_f32_normed(in, (float *)smem, gate_w, gate_out, scratch);
         return;
     }
     /* The warp's first chunk, with the norm's weights, is loaded once for
@@ -404,7 +393,6 @@ __device__ __forceinline__ void stage_act_normed(int kind, const act_in &in, uin
     load_chunk(in, warp, v, w);
     const float scale = block_rms_scale(in, v, scratch);
     if (gate_w) shared_gate(in, scale, gate_w, gate_out, scratch);
-    with_scale(scale);
     const act_dest dest = act_dest_of(smem, n);
     for (int c = warp; c * 256 < n; c += nw) {
         if (c != warp) load_chunk(in, c, v, w);
@@ -638,20 +626,22 @@ __device__ __forceinline__ float route_key_prob(uint32_t hi) {
     return __uint_as_float(hi & 0x80000000u ? hi & 0x7fffffffu : ~hi);
 }
 
-/* One warp routes one token, in registers: cpu_route on the logits p (lane
- * l holds those of experts l, l + 32, ...; -inf past n_experts), the k
- * experts and their weights to ids[0..k) and weights[0..k) (lanes < k
- * write; weights may be NULL). No block barrier and no shared memory, so
- * every block of ffn_up routes for itself instead of waiting on a router's
- * last block (decode-plan fact 24): k rounds of a two-word warp max
- * (redux.sync) over each lane's best remaining key. PER: experts a lane
- * (n_experts <= 32 PER). */
+/* One warp routes one token, in registers: cpu_route on the logits at r.logits, the k experts and their weights to
+ * ids[0..k) and weights[0..k) (lanes < k write; weights may be NULL). No
+ * block barrier and no shared memory, so every block of ffn_up routes for
+ * itself instead of waiting on a router's last block (decode-plan fact
+ * 24): k rounds of a two-word warp max (redux.sync) over each lane's best
+ * remaining key. PER: experts a lane (n_experts <= 32 PER). */
 template <int PER>
-__device__ __forceinline__ void rank_route(const route_spec &r, float *p, float *weights, int *ids) {
+__device__ __forceinline__ void route_warp_of(const route_spec &r, float *weights, int *ids) {
     const int lane = threadIdx.x & 31, n = r.n_experts;
+    float p[PER];
     float m = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < PER; i++) m = fmaxf(m, p[i]);
+    for (int i = 0; i < PER; i++) {
+        p[i] = lane + 32 * i < n ? __ldcg(r.logits + lane + 32 * i) : -INFINITY;
+        m = fmaxf(m, p[i]);
+    }
     if (r.gating == 0) {
         m = warp_max(m);
         float sum = 0.0f;
@@ -692,118 +682,24 @@ __device__ __forceinline__ void rank_route(const route_spec &r, float *p, float 
     }
 }
 
-template <int PER>
-__device__ __forceinline__ void route_warp_of(const route_spec &r, float *weights, int *ids) {
-    const int lane = threadIdx.x & 31;
-    float p[PER];
-#pragma unroll
-    for (int i = 0; i < PER; i++) p[i] = lane + 32 * i < r.n_experts ? __ldcg(r.logits + lane + 32 * i) : -INFINITY;
-    rank_route<PER>(r, p, weights, ids);
-}
-
-/* route_warp from r.logits. The instance a router's size runs: 128 experts
- * or fewer (Qwen3, OLMoE, Mixtral) run half the code of 256 (each KB of it
- * is fetched cold every layer, decode-plan fact 20). */
+/* The instance a router's size runs: 128 experts or fewer (Qwen3, OLMoE,
+ * Mixtral) run half the code of 256 (each KB of it is fetched cold every
+ * layer, decode-plan fact 20). */
 __device__ __forceinline__ void route_warp(const route_spec &r, float *weights, int *ids) {
     static_assert(MAX_ROUTED_EXPERTS == 256, "route_warp's instances cover 256 experts");
     if (r.n_experts <= 128) route_warp_of<4>(r, weights, ids);
     else route_warp_of<8>(r, weights, ids);
 }
 
-/* The routing's ids, already in the block's slot_ids, to ids in device
- * memory for ffn_down, fenced before its launch (ffn_down reads them
- * before its wait and checks them after it): block 0 of ffn_up. */
-__device__ __forceinline__ void publish_ids(int k, const int *slot_ids, int *ids) {
+/* route_warp for block 0 of ffn_up: the ids to its shared slot_ids and to
+ * ids/weights in device memory, fenced before the launch of ffn_down
+ * (which reads them before its wait, and checks them after it). */
+__device__ __forceinline__ void publish_route(const route_spec &r, int *slot_ids, int *ids, float *weights) {
+    route_warp(r, weights, slot_ids);
     const int lane = threadIdx.x & 31;
-    if (lane < k) ids[lane] = slot_ids[lane];
+    if (lane < r.k) ids[lane] = slot_ids[lane];
     __threadfence();
     pdl_launch_dependents();
-}
-
-/* ---------------------------------------------------------------- the router inside the o projection */
-
-/* EPI_ROUTE: logit_e = s * sum_j w_ej g_j x_j, with x the residual the o
- * projection leaves, g the FFN norm's weights and s its RMS scale, which
- * ffn_up's staging computes anyway. Each block of o adds its rows' share of
- * every sum as a fixed-point integer (ROUTE_SUM_ONE units of 1) with one
- * atomic: integer additions are exact and commute, so the sums are the
- * same bits in whatever order the blocks finish. A share is clamped to
- * ROUTE_SHARE_MAX so that 512 of them cannot overflow. */
-#define ROUTE_SUM_ONE 4294967296.0 /* 2^32 */
-#define ROUTE_SHARE_MAX 8388608.0f /* 2^23 */
-
-/* Task t of a block: expert t / quads's share over the block's rows
- * row0 + 4 (t % quads) .. + 3 (quads: the block's rows / 4, a power of
- * two), its router and norm weights. */
-struct route_task {
-    int e, r;
-    bool valid;
-    float4 w, g;
-};
-
-__device__ __forceinline__ route_task route_task_of(const route_sums_args &r, int t, int quads, int row0, int total) {
-    route_task k;
-    k.e = t / quads, k.r = row0 + 4 * (t & (quads - 1));
-    k.valid = k.e < r.n_experts && k.r < total;
-    k.w = k.g = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (k.valid) {
-        k.w = *(const float4 *)(r.w + k.e * r.w_stride + k.r);
-        k.g = *(const float4 *)(r.norm + k.r);
-    }
-    return k;
-}
-
-/* The block's shares once its rows' new x are in xs: thread t's tasks are
- * t, t + blockDim.x, ...; `first` (task t) was loaded before the wait, and
- * for Qwen3's 128 experts over 16 rows it is the only one. The shares of
- * an expert meet over up to 32 lanes, each group adding its sum. */
-__device__ __forceinline__ void route_shares(const route_sums_args &r, const route_task &first, int quads, int row0,
-                                             int total, const float *xs) {
-    __syncthreads(); /* xs complete */
-    const int lane = threadIdx.x & 31, span = quads < 32 ? quads : 32, n_tasks = r.n_experts * quads;
-    for (int base = threadIdx.x - lane; base < n_tasks; base += blockDim.x) { /* uniform over the warp */
-        const route_task k = base == (int)threadIdx.x - lane ? first : route_task_of(r, base + lane, quads, row0, total);
-        float share = 0.0f;
-        if (k.valid) {
-            const float4 x = *(const float4 *)(xs + k.r - row0);
-            share = k.w.x * (k.g.x * x.x) + k.w.y * (k.g.y * x.y) + k.w.z * (k.g.z * x.z) + k.w.w * (k.g.w * x.w);
-        }
-        for (int off = span / 2; off > 0; off >>= 1) share += __shfl_xor_sync(FULL_MASK, share, off);
-        if ((lane & (span - 1)) == 0 && k.e < r.n_experts) {
-            share = fminf(fmaxf(share, -ROUTE_SHARE_MAX), ROUTE_SHARE_MAX);
-            atomicAdd((unsigned long long *)r.sums + k.e, (unsigned long long)__double2ll_rn(share * ROUTE_SUM_ONE));
-        }
-    }
-}
-
-/* The o projection's sums, lane l holding experts l, l + 32, ...: loaded
- * by ffn_up's routing warp before its staging knows the RMS scale. */
-struct route_sums_regs {
-    long long v[MAX_ROUTED_EXPERTS / 32];
-};
-
-__device__ __forceinline__ void load_route_sums(const route_spec &r, route_sums_regs &s) {
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < MAX_ROUTED_EXPERTS / 32; i++) s.v[i] = lane + 32 * i < r.n_experts ? __ldcg(r.sums + lane + 32 * i) : 0;
-}
-
-template <int PER>
-__device__ __forceinline__ void route_sums_of(const route_spec &r, const route_sums_regs &s, float scale,
-                                              float *weights, int *ids) {
-    const int lane = threadIdx.x & 31;
-    const double unit = (double)scale / ROUTE_SUM_ONE;
-    float p[PER];
-#pragma unroll
-    for (int i = 0; i < PER; i++) p[i] = lane + 32 * i < r.n_experts ? (float)((double)s.v[i] * unit) : -INFINITY;
-    rank_route<PER>(r, p, weights, ids);
-}
-
-/* route_warp from the o projection's sums and the RMS scale. */
-__device__ __forceinline__ void route_warp_sums(const route_spec &r, const route_sums_regs &s, float scale,
-                                                float *weights, int *ids) {
-    if (r.n_experts <= 128) route_sums_of<4>(r, s, scale, weights, ids);
-    else route_sums_of<8>(r, s, scale, weights, ids);
 }
 
 /* Rows a warp visits up to which gemv_kernel prefetches the next row
@@ -833,11 +729,10 @@ inline int gemv_rows(int units, int lanes, int total, int grid) {
     return units <= lanes * F::N ? ROWS_ACT : ROWS_LOOP;
 }
 
-/* EPI is the launch's epilogue (EPI_NONE, EPI_ARGMAX, EPI_ROUTE), a
- * template parameter so that the plain products carry no argmax code: a
- * kernel's code is fetched from memory at every layer (the weights stream
- * through L2), and small code starts sooner. EPI_ROUTE asks for one pass
- * (each block's rows are blockIdx.x * GEMV_WARPS * G + 0.., route_in_o). */
+/* EPI is the launch's epilogue (EPI_NONE, EPI_ARGMAX), a template
+ * parameter so that the plain products carry no argmax code: a kernel's
+ * code is fetched from memory at every layer (the weights stream through
+ * L2), and small code starts sooner. */
 template <class F, int EPI, int ROWS>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     DYN_SMEM(uint8_t, smem);
@@ -866,12 +761,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     /* ROWS_AHEAD: a warp's second row too (q|k|v: a fifth of the warps
      * have one, and loaded after the wait it was the launch's tail) */
     if constexpr (ROWS == ROWS_AHEAD) load_row(start + grp + stride, second);
-    /* EPI_ROUTE: this thread's first router task in registers before the wait */
-    __shared__ float4 route_xs4[EPI == EPI_ROUTE ? GEMV_WARPS * 8 : 1]; /* the block's new x, up to 512 rows */
-    float *const route_xs = (float *)route_xs4;
-    const int quads = GEMV_WARPS * G / 4, row0 = blockIdx.x * GEMV_WARPS * G;
-    route_task route_first{};
-    if constexpr (EPI == EPI_ROUTE) route_first = route_task_of(a.sums, threadIdx.x, quads, row0, total);
     prefetch_floats(a.in.norm, a.in.n);
     pdl_wait();
     pdl_launch_dependents();
@@ -891,7 +780,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         if (sg.bias) acc += sg.bias[r];
         if (sg.accumulate) acc += sg.out[r];
         sg.out[r] = acc;
-        if (EPI == EPI_ROUTE) route_xs[row - row0] = acc;
         if (acc > best || (acc == best && r < best_row)) best = acc, best_row = r;
     };
     /* row by row with `dot_row(w, r, pre)`, the first row from `first` */
@@ -935,8 +823,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         });
     }
     trace_block_mark(a.trace, TRACE_WORKED);
-    if constexpr (EPI == EPI_ROUTE) route_shares(a.sums, route_first, quads, row0, total, route_xs);
-    if (EPI != EPI_ARGMAX) return;
+    if (EPI == EPI_NONE) return;
     int *flag = (int *)smem;
     /* EPI_ARGMAX: the block's best row, then the best of all blocks */
     float *red_v = (float *)(smem + 16);
@@ -1010,40 +897,27 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_up_kernel(const ffn_up_args 
         prefetch_floats(a.in.norm, a.in.n);
         prefetch_floats(shgate_w, a.in.n);
     }
-    pdl_wait(); /* the router's logits, or x and the o projection's sums */
+    pdl_wait(); /* the router's logits */
     /* Block 0 publishes the routing for ffn_down, which reads it before its
      * own wait: block 0 lets it launch only once the routing is written. */
-    const bool publishes = (a.route.logits || a.route.sums) && blockIdx.x == 0;
+    const bool publishes = a.route.logits && blockIdx.x == 0;
     if (!publishes) pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    float *const pub_w = publishes ? a.route_w : NULL;
     /* once a block: a warp's later rows then locate theirs without an L2 round trip */
-    if (a.route.sums) {
-        /* x is final only now: the last warp, idle in a staging of up to
-         * 15 chunks, loads the sums beside it and routes once the staging
-         * has the RMS scale, while the other warps quantize. */
-        constexpr int ROUTER_WARP = GEMV_WARPS - 1;
-        route_sums_regs sums;
-        if (warp == ROUTER_WARP) load_route_sums(a.route, sums);
-        stage_act_normed(F::ACT, a.in, smem, shgate_w, a.shgate_out, [&](float scale) {
-            if (warp != ROUTER_WARP) return;
-            route_warp_sums(a.route, sums, scale, pub_w, slot_ids);
-            if (publishes) publish_ids(a.route.k, slot_ids, a.route_ids);
-        });
-    } else if (a.route.logits) {
-        if (warp == 0) route_warp(a.route, pub_w, slot_ids);
-        if (warp == 0 && publishes) publish_ids(a.route.k, slot_ids, a.route_ids);
+    if (a.route.logits) {
+        if (warp == 0 && publishes) publish_route(a.route, slot_ids, a.route_ids, a.route_w);
+        else if (warp == 0) route_warp(a.route, NULL, slot_ids);
     } else if (threadIdx.x < a.n_routed) {
         slot_ids[threadIdx.x] = a.ids ? __ldcg(a.ids + threadIdx.x) : 0;
     }
-    if (!a.route.sums) __syncthreads();
-    if (a.act_ready || a.route.sums) trace_mark(a.trace, TRACE_STAGED);
+    __syncthreads();
+    if (a.act_ready) trace_mark(a.trace, TRACE_STAGED);
     pair_batch<F> first;
     if (start + grp < total) {
         const pair_rows p = locate(start + grp);
         load_pair<F>(first, p.gb, p.gm, p.ub, p.um, U, sub, L);
     }
-    if (!a.act_ready && !a.route.sums) {
+    if (!a.act_ready) {
         stage_act_normed(F::ACT, a.in, smem, shgate_w, a.shgate_out);
         trace_mark(a.trace, TRACE_STAGED);
     }
@@ -1137,7 +1011,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         if (ids[threadIdx.x] != guessed[threadIdx.x]) guessed_wrong = 1;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
-    if (a.clear_sums && blockIdx.x == 0 && threadIdx.x < a.n_clear) a.clear_sums[threadIdx.x] = 0;
     stage_act(F::ACT, a.in, smem); /* no norm; ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
     if (a.n_routed && guessed_wrong && start + grp < total) /* the rows loaded before the wait are the wrong experts' */
@@ -1194,7 +1067,6 @@ static void launch_gemv_as(const gemv_args *a, int grid, size_t smem, cudaStream
 template <class F>
 static void launch_gemv(const gemv_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {
     if (a->epilogue == EPI_ARGMAX) launch_gemv_as<F, EPI_ARGMAX>(a, grid, smem, st, pdl);
-    else if (a->epilogue == EPI_ROUTE) launch_gemv_as<F, EPI_ROUTE>(a, grid, smem, st, pdl);
     else launch_gemv_as<F, EPI_NONE>(a, grid, smem, st, pdl);
 }
 
@@ -1249,9 +1121,6 @@ static cudaError_t format_allow_smem(int bytes) {
     e = allow_smem_of(gemv_kernel<F, EPI_ARGMAX, ROWS_AHEAD>, bytes, e);
     e = allow_smem_of(gemv_kernel<F, EPI_ARGMAX, ROWS_ACT>, bytes, e);
     e = allow_smem_of(gemv_kernel<F, EPI_ARGMAX, ROWS_LOOP>, bytes, e);
-    e = allow_smem_of(gemv_kernel<F, EPI_ROUTE, ROWS_AHEAD>, bytes, e);
-    e = allow_smem_of(gemv_kernel<F, EPI_ROUTE, ROWS_ACT>, bytes, e);
-    e = allow_smem_of(gemv_kernel<F, EPI_ROUTE, ROWS_LOOP>, bytes, e);
     e = allow_smem_of(ffn_up_kernel<F, true, false>, bytes, e);
     e = allow_smem_of(ffn_up_kernel<F, false, false>, bytes, e);
     e = allow_smem_of(ffn_up_kernel<F, true, true>, bytes, e);

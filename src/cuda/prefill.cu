@@ -576,7 +576,7 @@ static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *
     const int d = c->n_embd, E = c->n_experts, k = p->k, cap_rows = p->cap * k;
     dequant(s, &w->router, NULL, 1, p->router_w, 0, false);
     BLAS_CHECK(gemm_f32(p, p->router_w, E, d, p->xn, T, p->logits));
-    const route_spec r = {NULL, NULL, E, k, c->gating == GATING_SIGMOID, c->norm_topk, c->expert_weights_scale};
+    const route_spec r = {NULL, E, k, c->gating == GATING_SIGMOID, c->norm_topk, c->expert_weights_scale};
     cuda_route(&r, p->logits, T, p->route_w, p->route_ids, s->stream, false);
     CUDA_CHECK(cudaMemcpyAsync(p->host, p->route_ids, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
