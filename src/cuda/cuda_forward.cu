@@ -416,7 +416,7 @@ static moe_status profile_in_graph(cuda_state *s, int32_t token, int pos, int re
     if (!t) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     moe_status st = MOE_OK;
     /* the step as decoding runs it: with PDL, which the per-stage events
-     * leave out (until the sixteenth session this column did too) */
+     * leave out (bench/decode-plan.md, fact 47) */
     const bool pdl = s->opt.pdl;
     drop_graph(s);
     s->opt.pdl = true;
