@@ -106,6 +106,7 @@ static inline int dp4a_u8s8(unsigned a, int b, int c) {
 static inline void add_release_gpu(unsigned *p, unsigned v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); }
 static inline unsigned load_acquire_gpu(const unsigned *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline unsigned add_acq_rel_gpu(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
+static inline void pin_reg(unsigned &v) { (void)v; }
 static inline void pdl_wait(void) {}
 static inline void pdl_launch_dependents(void) {}
 #else
@@ -147,6 +148,10 @@ __device__ __forceinline__ unsigned add_acq_rel_gpu(unsigned *p, unsigned v) {
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
     return old;
 }
+/* v is computed before this point: an empty asm that reads and writes it,
+ * kept in order with the other volatile asm (pdl_wait), so that work on a
+ * kernel's first loads is done before its wait rather than after it. */
+__device__ __forceinline__ void pin_reg(unsigned &v) { asm volatile("" : "+r"(v)); }
 /* Programmatic dependent launch: no-ops when the launch did not ask for it. */
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents(void) { asm volatile("griddepcontrol.launch_dependents;"); }

@@ -222,6 +222,11 @@ static inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
     return c;
 }
+/* Two 16-bit halves of a times bytes 0, 1 (lo) or 2, 3 (hi) of b, signed. */
+static inline int __dp2a_lo(int a, int b, int c) { return c + (int16_t)a * (int8_t)b + (int16_t)(a >> 16) * (int8_t)(b >> 8); }
+static inline int __dp2a_hi(int a, int b, int c) {
+    return c + (int16_t)a * (int8_t)(b >> 16) + (int16_t)(a >> 16) * (int8_t)(b >> 24);
+}
 static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     uint64_t v = (uint64_t)y << 32 | x;
     unsigned r = 0;

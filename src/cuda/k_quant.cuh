@@ -16,21 +16,19 @@
 
 #include "cuda/kernels.cuh"
 
-/* The scales and mins of sub-blocks 2g and 2g + 1 (g = 0..3), without
- * branches (lanes of a warp work on different groups; a branch on g would
- * run both ways): sub-blocks 0..3 are the low 6 bits of bytes of h.y
- * (mins h.z); 4..7 take 4 bits from h.w (low nibbles scales, high mins)
- * and 2 from the top of the bytes of h.y (h.z). `second` is all ones for
- * g >= 2, so the choice is a bitwise select. */
-__device__ __forceinline__ void k_group_scales(const uint4 &h, int g, int *sc0, int *m0, int *sc1, int *m1) {
+/* The scales and mins of sub-blocks 2g and 2g + 1 (g = 0..3), packed as
+ * the bytes sc0 | sc1 << 8 | m0 << 16 | m1 << 24 (6 bits each), the form
+ * k_combine multiplies with two dp2a. Without branches (lanes of a warp
+ * work on different groups; a branch on g would run both ways):
+ * sub-blocks 0..3 are the low 6 bits of bytes of h.y (mins h.z); 4..7
+ * take 4 bits from h.w (low nibbles scales, high mins) and 2 from the top
+ * of the bytes of h.y (h.z). `second` is all ones for g >= 2, so the
+ * choice is a bitwise select; one byte permutation picks the pair. */
+__device__ __forceinline__ unsigned k_group_scales(const uint4 &h, int g) {
     const unsigned second = 0u - (unsigned)(g >> 1);
     const unsigned sc = (((h.w & 0x0f0f0f0f) | ((h.y >> 2) & 0x30303030)) & second) | (h.y & 0x3f3f3f3f & ~second);
     const unsigned mn = ((((h.w >> 4) & 0x0f0f0f0f) | ((h.z >> 2) & 0x30303030)) & second) | (h.z & 0x3f3f3f3f & ~second);
-    const int s = 16 * (g & 1);
-    *sc0 = (sc >> s) & 0xff;
-    *sc1 = (sc >> (s + 8)) & 0xff;
-    *m0 = (mn >> s) & 0xff;
-    *m1 = (mn >> (s + 8)) & 0xff;
+    return __byte_perm(sc, mn, 0x5410 + 0x2222 * (g & 1));
 }
 
 /* A unit's Q8_K activation, in registers: a kernel loads it once and
@@ -54,24 +52,25 @@ __device__ __forceinline__ k_act k_load_act(const act_view &a, int act_off, int 
     return x;
 }
 
-/* The unit's contribution from its two integer dot products:
- *     d8 * (d * (sc0 * dot_lo + sc1 * dot_hi) - dmin * (m0 * s_lo + m1 * s_hi)) */
-__device__ __forceinline__ float k_combine(const uint4 &h, int dot_lo, int dot_hi, const k_act &x) {
-    int sc0, m0, sc1, m1;
-    k_group_scales(h, x.g, &sc0, &m0, &sc1, &m1);
-    const int sum_q = sc0 * dot_lo + sc1 * dot_hi;
-    const int sum_m = m0 * (int)(int16_t)(x.sums & 0xffff) + m1 * (x.sums >> 16);
-    const float d = h2f((uint16_t)(h.x & 0xffff)) * x.d, dmin = h2f((uint16_t)(h.x >> 16)) * x.d;
+/* The unit's contribution from its two integer dot products, with dm
+ * the block's d | dmin << 16 (fp16) and sm its group's packed scales:
+ *     d8 * (d * (sc0 * dot_lo + sc1 * dot_hi) - dmin * (m0 * s_lo + m1 * s_hi))
+ * Both integer sums are one dp2a each: |dot_*| <= 16 * 15 * 127 and the
+ * activation sums fit 16 bits. */
+__device__ __forceinline__ float k_combine(unsigned dm, unsigned sm, int dot_lo, int dot_hi, const k_act &x) {
+    const int sum_q = __dp2a_lo((int)__byte_perm((unsigned)dot_lo, (unsigned)dot_hi, 0x5410), (int)sm, 0);
+    const int sum_m = __dp2a_hi(x.sums, (int)sm, 0);
+    const float d = h2f((uint16_t)(dm & 0xffff)) * x.d, dmin = h2f((uint16_t)(dm >> 16)) * x.d;
     return d * (float)sum_q - dmin * (float)sum_m;
 }
 
 __device__ __forceinline__ void k_unit_dequant(const uint4 &h, const unsigned lo[4], const unsigned hi[4], int u,
                                                float *out) {
     const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
-    int sc0, m0, sc1, m1;
-    k_group_scales(h, g, &sc0, &m0, &sc1, &m1);
+    const unsigned sm = k_group_scales(h, g);
     const float d = h2f((uint16_t)(h.x & 0xffff)), dmin = h2f((uint16_t)(h.x >> 16));
-    const float s0 = d * sc0, n0 = dmin * m0, s1 = d * sc1, n1 = dmin * m1;
+    const float s0 = d * (sm & 0xff), n0 = dmin * ((sm >> 16) & 0xff), s1 = d * ((sm >> 8) & 0xff),
+                n1 = dmin * (sm >> 24);
     float *y = out + b * 256 + 64 * g + 16 * hh;
 #pragma unroll
     for (int i = 0; i < 16; i++) {

@@ -67,6 +67,8 @@
 
 #include <math.h>
 
+#include <type_traits>
+
 #include "cuda/cuda_compat.cuh"
 #include "cuda/cuda_internal.h"
 
@@ -442,10 +444,40 @@ __device__ __forceinline__ void load_acts(act_batch<F, NB> &b, const act_view &a
  * A kernel loads its first batch before it waits for the kernel before it
  * (weights never depend on it) and before it stages the activation, so the
  * first DRAM round trip overlaps both; later batches load as they go. */
-template <class F>
+template <class F, class R = typename F::raw>
 struct unit_batch {
-    typename F::raw r[F::N];
+    R r[F::N];
 };
+
+/* What a unit's loads become before the activation is known: a format
+ * whose decoding does not need it (Q4_K's scales: q4_k.cu) specializes
+ * this, and the kernels prepare the batches they load before their wait
+ * (prepare_batch), so that this work is done while they wait, not after.
+ * Others use their loads as they are. */
+template <class F>
+struct unit_prep {
+    typedef typename F::raw type;
+    static __device__ __forceinline__ type of(const typename F::raw &r, int) { return r; }
+    static __device__ __forceinline__ void pin(type &) {}
+};
+
+template <class F>
+using prep_batch = unit_batch<F, typename unit_prep<F>::type>;
+
+/* b's units (u0, u0 + L, ... below U) prepared, and made to be so here:
+ * called before the kernel's wait. unit_prep looks only at a unit's place
+ * in its block (u % UNITS), so u0 may count along a stream of whole rows. */
+template <class F>
+__device__ __forceinline__ prep_batch<F> prepare_batch(const unit_batch<F> &b, int U, int u0, int L) {
+    prep_batch<F> p;
+#pragma unroll
+    for (int k = 0; k < F::N; k++)
+        if (u0 + k * L < U) {
+            p.r[k] = unit_prep<F>::of(b.r[k], u0 + k * L);
+            unit_prep<F>::pin(p.r[k]);
+        }
+    return p;
+}
 
 template <class F, int NB = F::N>
 __device__ __forceinline__ void load_batch(unit_batch<F> &b, const uint8_t *body, const uint8_t *meta, int U, int u0,
@@ -455,8 +487,8 @@ __device__ __forceinline__ void load_batch(unit_batch<F> &b, const uint8_t *body
         if (u0 + k * L < U) b.r[k] = F::load(body, meta, u0 + k * L);
 }
 
-template <class F, int NB = F::N>
-__device__ __forceinline__ float dot_batch(const unit_batch<F> &b, int U, int u0, int L, const act_view &a,
+template <class F, int NB = F::N, class R>
+__device__ __forceinline__ float dot_batch(const unit_batch<F, R> &b, int U, int u0, int L, const act_view &a,
                                            int act_off) {
     float acc = 0.0f;
 #pragma unroll
@@ -486,15 +518,27 @@ __device__ __forceinline__ void for_each_row(int start, int stride, int total, c
 
 /* Partial dot product of one row (this lane's units) with the staged
  * activation at element offset act_off; `first`, when given, is the row's
- * first batch, already loaded. */
-template <class F>
+ * first batch, already loaded (raw, or prepared: then it takes its own
+ * code, the loop the rest). */
+template <class F, class R = typename F::raw>
 __device__ __forceinline__ float dot_units(const uint8_t *body, const uint8_t *meta, int U, const act_view &a,
-                                           int act_off, int L, int sub, const unit_batch<F> *first = NULL) {
+                                           int act_off, int L, int sub, const unit_batch<F, R> *first = NULL) {
     float acc = 0.0f;
-        for (int u0 = sub; u0 < U; u0 += L * F::N) {
+    int u0 = sub;
+    if constexpr (!std::is_same<R, typename F::raw>::value) {
+        if (first) {
+            acc = dot_batch<F>(*first, U, u0, L, a, act_off);
+            u0 += L * F::N;
+        }
+    }
+    for (; u0 < U; u0 += L * F::N) {
         unit_batch<F> b;
-        if (first && u0 == sub) b = *first;
-        else load_batch<F>(b, body, meta, U, u0, L);
+        if constexpr (std::is_same<R, typename F::raw>::value) {
+            if (first && u0 == sub) b = *first;
+            else load_batch<F>(b, body, meta, U, u0, L);
+        } else {
+            load_batch<F>(b, body, meta, U, u0, L);
+        }
         acc += dot_batch<F>(b, U, u0, L, a, act_off);
     }
     return acc;
@@ -553,10 +597,22 @@ __device__ __forceinline__ void load_terms(unit_batch<F> &b, const dmat &m, int 
  * wait: the experts' down rows (8 x 768 Q4_K: six units a lane, two
  * batches) then need no load round trip after it. */
 #define TERM_BATCHES 2
-template <class F>
+template <class F, class R = typename F::raw>
 struct term_batches {
-    unit_batch<F> b[TERM_BATCHES];
+    unit_batch<F, R> b[TERM_BATCHES];
 };
+
+template <class F>
+using prep_terms = term_batches<F, typename unit_prep<F>::type>;
+
+/* prepare_batch of each of f's batches, the stream's total units given */
+template <class F>
+__device__ __forceinline__ prep_terms<F> prepare_terms(const term_batches<F> &f, int total, int sub, int L) {
+    prep_terms<F> p;
+#pragma unroll
+    for (int i = 0; i < TERM_BATCHES; i++) p.b[i] = prepare_batch<F>(f.b[i], total, sub + i * L * F::N, L);
+    return p;
+}
 
 template <class F, class IdOf>
 __device__ __forceinline__ void load_first_terms(term_batches<F> &f, const dmat &m, int row, int T, IdOf id_of, int sub,
@@ -566,8 +622,8 @@ __device__ __forceinline__ void load_first_terms(term_batches<F> &f, const dmat 
 }
 
 /* One batch of terms (units t0, t0 + L, ...) against the activation. */
-template <class F>
-__device__ __forceinline__ float dot_term_batch(const unit_batch<F> &b, int t0, const dmat &m, int total, const float *w,
+template <class F, class R>
+__device__ __forceinline__ float dot_term_batch(const unit_batch<F, R> &b, int t0, const dmat &m, int total, const float *w,
                                                 int act_stride, const act_view &a, int L) {
     const int U = m.units;
     float acc = 0.0f;
@@ -582,10 +638,10 @@ __device__ __forceinline__ float dot_term_batch(const unit_batch<F> &b, int t0, 
     return acc;
 }
 
-template <class F>
+template <class F, class R = typename F::raw>
 __device__ __forceinline__ float dot_terms(const dmat &m, int row, int T, const int *ids, const float *w,
                                            int act_stride, const act_view &a, int L, int sub,
-                                           const term_batches<F> *first = NULL) {
+                                           const term_batches<F, R> *first = NULL) {
     const int U = m.units, total = T * U, step = L * F::N;
     float acc = 0.0f;
     int t0 = sub;
@@ -759,8 +815,14 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     unit_batch<F> first, second;
     load_row(start + grp, first);
     /* ROWS_AHEAD: a warp's second row too (q|k|v: a fifth of the warps
-     * have one, and loaded after the wait it was the launch's tail) */
-    if constexpr (ROWS == ROWS_AHEAD) load_row(start + grp + stride, second);
+     * have one, and loaded after the wait it was the launch's tail), and
+     * both prepared before the wait */
+    prep_batch<F> pfirst, psecond;
+    if constexpr (ROWS == ROWS_AHEAD) {
+        load_row(start + grp + stride, second);
+        if (start + grp < total) pfirst = prepare_batch<F>(first, a.seg[0].w.units, sub, L);
+        if (start + grp + stride < total) psecond = prepare_batch<F>(second, a.seg[0].w.units, sub, L);
+    }
     prefetch_floats(a.in.norm, a.in.n);
     pdl_wait();
     pdl_launch_dependents();
@@ -795,13 +857,19 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     const int U = a.seg[0].w.units; /* every segment multiplies the same input */
     if constexpr (ROWS == ROWS_AHEAD) {
         /* One batch a row, a few rows a warp (the layers' projections):
-         * the first two rows were loaded before the wait, and each later
-         * row is loaded as the row two before it is done, so that one is
-         * always in flight. The activation is read from shared memory:
-         * two batches leave no registers for it, and for a row or two
-         * loading it into registers does not pay. */
-        unit_batch<F> b = first, next = second;
-        for (int base = start; base < total; base += stride) {
+         * the first two rows were loaded and prepared before the wait, and
+         * each later row is loaded as the row two before it is done, so
+         * that one is always in flight. The activation is read from shared
+         * memory: two batches leave no registers for it, and for a row or
+         * two loading it into registers does not pay. */
+        unit_batch<F> b, next;
+        auto step = [&](int row, const auto &batch, unit_batch<F> &load_into) {
+            finish_row(row, row < total ? dot_batch<F>(batch, U, sub, L, av, 0) : 0.0f);
+            load_row(row + 2 * stride, load_into);
+        };
+        if (start < total) step(start + grp, pfirst, b);
+        if (start + stride < total) step(start + stride + grp, psecond, next);
+        for (int base = start + 2 * stride; base < total; base += stride) {
             const int row = base + grp;
             finish_row(row, row < total ? dot_batch<F>(b, U, sub, L, av, 0) : 0.0f);
             b = next;
@@ -991,15 +1059,18 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         if (threadIdx.x == 0) guessed_wrong = 0;
         __syncthreads();
     }
-    term_batches<F> first;
+    term_batches<F> loaded;
+    prep_terms<F> first; /* prepared before the wait */
     if (start + grp < total) {
-        if (a.n_routed)
-            load_first_terms<F>(first, a.down, start + grp, a.n_routed, [&](int j) { return guessed[j]; }, sub, L);
-        else if (SHARED) {
+        if (a.n_routed) {
+            load_first_terms<F>(loaded, a.down, start + grp, a.n_routed, [&](int j) { return guessed[j]; }, sub, L);
+            first = prepare_terms<F>(loaded, a.n_routed * a.down.units, sub, L);
+        } else if (SHARED) {
             const dmat &m = a.sh_down;
             const int row = start + grp;
-            load_batch<F>(first.b[0], m.body + (int64_t)row * m.row_stride, m.meta + (int64_t)row * m.meta_row_stride,
+            load_batch<F>(loaded.b[0], m.body + (int64_t)row * m.row_stride, m.meta + (int64_t)row * m.meta_row_stride,
                           m.units, sub, L);
+            first.b[0] = prepare_batch<F>(loaded.b[0], m.units, sub, L);
         }
     }
     pdl_wait();
@@ -1013,10 +1084,12 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
     stage_act(F::ACT, a.in, smem); /* no norm; ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
-    if (a.n_routed && guessed_wrong && start + grp < total) /* the rows loaded before the wait are the wrong experts' */
-        load_first_terms<F>(first, a.down, start + grp, a.n_routed, [&](int j) { return ids[j]; }, sub, L);
+    if (a.n_routed && guessed_wrong && start + grp < total) { /* the rows loaded before the wait are the wrong experts' */
+        load_first_terms<F>(loaded, a.down, start + grp, a.n_routed, [&](int j) { return ids[j]; }, sub, L);
+        first = prepare_terms<F>(loaded, a.n_routed * a.down.units, sub, L);
+    }
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
-    auto do_row = [&](int base, const term_batches<F> *pre) {
+    auto do_row = [&](int base, const prep_terms<F> *pre) {
         const int row = base + grp;
         const bool valid = row < total;
         float acc = 0.0f;

@@ -30,6 +30,16 @@ struct fmt_q4_k {
         r.h = ldg16(blk);
         return r;
     }
+    /* The unit with its group's scales decoded (unit_prep): what a kernel
+     * makes of the batches it loads before its wait, so that the decoding
+     * is done there and not after it. */
+    struct prep {
+        uint4 q;
+        unsigned dm, sm; /* d | dmin << 16; k_group_scales */
+    };
+    static __device__ __forceinline__ prep prepare(const raw &r, int u) {
+        return prep{r.q, r.h.x, k_group_scales(r.h, (u & 7) >> 1)};
+    }
     /* Against activations in registers: the low nibbles as they are, the
      * high ones masked in place (16 times the code, an unsigned byte) and
      * the sum divided by 16, exactly: no shift per word. */
@@ -37,8 +47,8 @@ struct fmt_q4_k {
     static __device__ __forceinline__ act load_act(const act_view &a, int act_off, int u) {
         return k_load_act(a, act_off, u);
     }
-    static __device__ __forceinline__ float dot_act(const raw &r, const act_view &, const act &x) {
-        const unsigned w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+    static __device__ __forceinline__ float dot_act(const prep &p, const act_view &, const act &x) {
+        const unsigned w[4] = {p.q.x, p.q.y, p.q.z, p.q.w};
         const int al[4] = {x.lo.x, x.lo.y, x.lo.z, x.lo.w}, ah[4] = {x.hi.x, x.hi.y, x.hi.z, x.hi.w};
         int dot_lo = 0, dot_hi16 = 0;
 #pragma unroll
@@ -46,9 +56,13 @@ struct fmt_q4_k {
             dot_lo = __dp4a((int)(w[i] & 0x0f0f0f0f), al[i], dot_lo);
             dot_hi16 = dp4a_u8s8(w[i] & 0xf0f0f0f0, ah[i], dot_hi16);
         }
-        return k_combine(r.h, dot_lo, dot_hi16 >> 4, x);
+        return k_combine(p.dm, p.sm, dot_lo, dot_hi16 >> 4, x);
     }
-    static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
+    static __device__ __forceinline__ float dot_act(const raw &r, const act_view &a, const act &x) {
+        return dot_act(prepare(r, 2 * x.g), a, x);
+    }
+    template <class R>
+    static __device__ __forceinline__ float dot(const R &r, const act_view &a, int act_off, int u) {
         return dot_act(r, a, load_act(a, act_off, u));
     }
     /* codes of the unit's 16 low-nibble and 16 high-nibble weights, 4 per word */
@@ -67,6 +81,16 @@ struct fmt_q4_k {
 template <>
 struct row_ahead<fmt_q4_k> {
     static constexpr bool value = true;
+};
+
+template <>
+struct unit_prep<fmt_q4_k> {
+    typedef fmt_q4_k::prep type;
+    static __device__ __forceinline__ type of(const fmt_q4_k::raw &r, int u) { return fmt_q4_k::prepare(r, u); }
+    static __device__ __forceinline__ void pin(type &p) {
+        pin_reg(p.dm);
+        pin_reg(p.sm);
+    }
 };
 
 DEFINE_CUDA_FORMAT(fmt_q4_k, q4_k)

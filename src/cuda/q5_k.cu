@@ -50,7 +50,7 @@ struct fmt_q5_k {
             dot_lo = __dp4a((int)lo[i], al[i], dot_lo);
             dot_hi = __dp4a((int)hi[i], ah[i], dot_hi);
         }
-        return k_combine(r.h, dot_lo, dot_hi, x);
+        return k_combine(r.h.x, k_group_scales(r.h, x.g), dot_lo, dot_hi, x);
     }
     static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
         return dot_act(r, a, load_act(a, act_off, u));
