@@ -1085,8 +1085,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     stage_act(F::ACT, a.in, smem); /* no norm; ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
     if (a.n_routed && guessed_wrong && start + grp < total) { /* the rows loaded before the wait are the wrong experts' */
-        load_first_terms<F>(loaded, a.down, start + grp, a.n_routed, [&](int j) { return ids[j]; }, sub, L);
-        first = prepare_terms<F>(loaded, a.n_routed * a.down.units, sub, L);
+        term_batches<F> reloaded;
+        load_first_terms<F>(reloaded, a.down, start + grp, a.n_routed, [&](int j) { return ids[j]; }, sub, L);
+        first = prepare_terms<F>(reloaded, a.n_routed * a.down.units, sub, L);
     }
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     auto do_row = [&](int base, const prep_terms<F> *pre) {
