@@ -222,13 +222,23 @@ __device__ __forceinline__ void quantize_chunk(int kind, const float *v, int c, 
 
 /* Values [256 c + 8 lane, +8) of `in` (v) and of its norm weights (w;
  * ones without), zeros past the end (n is a multiple of 32: all 8 or none). */
-__device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, float *w) {
+__device__ __forceinline__ void load_chunk_values(const act_in &in, int c, float *v) {
     const int base = c * 256 + (threadIdx.x & 31) * 8;
 #pragma unroll
-    for (int k = 0; k < 8; k++) v[k] = 0.0f, w[k] = 1.0f;
-    if (base >= in.n) return;
-    load8(in.src + base, v);
-    if (in.norm) load8(in.norm + base, w);
+    for (int k = 0; k < 8; k++) v[k] = 0.0f;
+    if (base < in.n) load8(in.src + base, v);
+}
+
+__device__ __forceinline__ void load_chunk_norm(const act_in &in, int c, float *w) {
+    const int base = c * 256 + (threadIdx.x & 31) * 8;
+#pragma unroll
+    for (int k = 0; k < 8; k++) w[k] = 1.0f;
+    if (base < in.n && in.norm) load8(in.norm + base, w);
+}
+
+__device__ __forceinline__ void load_chunk(const act_in &in, int c, float *v, float *w) {
+    load_chunk_values(in, c, v);
+    load_chunk_norm(in, c, w);
 }
 
 /* Four values' squares summed in double, in their order. */
@@ -302,7 +312,12 @@ __device__ __forceinline__ float stage_f32(const act_in &in, float *f, float *sc
 
 /* The products' staging of `in` into shared memory as `kind`: x, times the
  * norm's weights w when given. Returns the factor every product with it
- * takes: the RMS scale with a norm, 1 without. Ends with a barrier. */
+ * takes: the RMS scale with a norm, 1 without. Ends with a barrier.
+ * AHEAD: a warp with several chunks (ffn_down's 24 for 16 warps) loads the
+ * next one's values before it quantizes this one, one L2 round trip
+ * instead of two (the norm's weights, when there is a norm, after); the
+ * kernels whose warps take one chunk at most leave out its registers. */
+template <bool AHEAD = false>
 __device__ __forceinline__ float stage_act(int kind, const act_in &in, uint8_t *smem) {
     const int n = in.n, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float *scratch = (float *)(smem + act_bytes(kind, n));
@@ -312,13 +327,23 @@ __device__ __forceinline__ float stage_act(int kind, const act_in &in, uint8_t *
      * code 8-20% larger and the step slower: bench/decode-plan.md, fact 20.) */
     const act_dest dest = act_dest_of(smem, n);
     double ss = 0.0;
+    float v[8];
+    load_chunk_values(in, warp, v);
     for (int c = warp; c * 256 < n; c += nw) {
-        float v[8], w[8];
-        load_chunk(in, c, v, w);
+        float w[8], next[8];
+        const bool more = (c + nw) * 256 < n;
+        if (AHEAD && more) load_chunk_values(in, c + nw, next);
+        load_chunk_norm(in, c, w);
         if (in.norm) ss += chunk_squares(v);
 #pragma unroll
         for (int k = 0; k < 8; k++) v[k] *= w[k];
         quantize_chunk(kind, v, c, c * 256 + (threadIdx.x & 31) * 8 < n, dest);
+        if (!more) break;
+        if (AHEAD)
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = next[k];
+        else
+            load_chunk_values(in, c + nw, v);
     }
     return finish_staging(in, ss, scratch);
 }
@@ -1082,7 +1107,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
         if (ids[threadIdx.x] != guessed[threadIdx.x]) guessed_wrong = 1;
     }
     if (threadIdx.x == 0) sh_weight = a.shgate ? *a.shgate : 1.0f;
-    stage_act(F::ACT, a.in, smem); /* no norm; ends with a barrier */
+    stage_act<true>(F::ACT, a.in, smem); /* no norm; ends with a barrier */
     trace_mark(a.trace, TRACE_STAGED);
     if (a.n_routed && guessed_wrong && start + grp < total) { /* the rows loaded before the wait are the wrong experts' */
         term_batches<F> reloaded;
