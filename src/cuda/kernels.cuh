@@ -27,7 +27,9 @@
  * batch of its first row before it waits for the launch before it
  * (programmatic dependent launch; weights never depend on that launch)
  * and before it stages the activation: the DRAM round trip overlaps the
- * previous launch's tail, the wait and the staging. When every row of a
+ * previous launch's tail, the wait and the staging. What of a unit's
+ * decoding needs no activation (Q4_K's scales: unit_prep) is done there
+ * too, off the instructions that follow the wait. When every row of a
  * launch takes one batch, a lane meets the same units in every row, so it
  * loads their activation from shared memory once, into registers (act,
  * load_act, dot_act: the K-quants keep codes, sums and scale there); the

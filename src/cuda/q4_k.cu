@@ -11,7 +11,9 @@
  * a block load its header from one address. 2 loads per unit, 4 units per
  * lane in flight (N = 4). The unit's activation can live in registers
  * (act, k_act): kernels that visit many rows with the same units load it
- * once.
+ * once. A unit loaded before a kernel's wait is prepared there (prep: its
+ * group's scales and mins decoded, 6 registers instead of 8), so that
+ * after the wait only the dot products and their combination remain.
  */
 #include "cuda/kernels.cuh"
 #include "cuda/k_quant.cuh"
