@@ -839,6 +839,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         const dmat &w = a.seg[s].w;
         load_batch<F>(b, w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, w.units, sub, L);
     };
+    const int U = a.seg[0].w.units; /* every segment multiplies the same input */
     unit_batch<F> first, second;
     load_row(start + grp, first);
     /* ROWS_AHEAD: a warp's second row too (q|k|v: a fifth of the warps
@@ -847,8 +848,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     prep_batch<F> pfirst, psecond;
     if constexpr (ROWS == ROWS_AHEAD) {
         load_row(start + grp + stride, second);
-        if (start + grp < total) pfirst = prepare_batch<F>(first, a.seg[0].w.units, sub, L);
-        if (start + grp + stride < total) psecond = prepare_batch<F>(second, a.seg[0].w.units, sub, L);
+        if (start + grp < total) pfirst = prepare_batch<F>(first, U, sub, L);
+        if (start + grp + stride < total) psecond = prepare_batch<F>(second, U, sub, L);
     }
     prefetch_floats(a.in.norm, a.in.n);
     pdl_wait();
@@ -881,7 +882,6 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         };
         for_each_row(start, stride, total, first, do_row);
     };
-    const int U = a.seg[0].w.units; /* every segment multiplies the same input */
     if constexpr (ROWS == ROWS_AHEAD) {
         /* One batch a row, a few rows a warp (the layers' projections):
          * the first two rows were loaded and prepared before the wait, and

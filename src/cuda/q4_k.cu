@@ -32,16 +32,14 @@ struct fmt_q4_k {
         r.h = ldg16(blk);
         return r;
     }
-    /* The unit with its group's scales decoded (unit_prep): what a kernel
-     * makes of the batches it loads before its wait, so that the decoding
-     * is done there and not after it. */
+    /* The unit with the scales of its group g decoded (unit_prep): what a
+     * kernel makes of the batches it loads before its wait, so that the
+     * decoding is done there and not after it. */
     struct prep {
         uint4 q;
         unsigned dm, sm; /* d | dmin << 16; k_group_scales */
     };
-    static __device__ __forceinline__ prep prepare(const raw &r, int u) {
-        return prep{r.q, r.h.x, k_group_scales(r.h, (u & 7) >> 1)};
-    }
+    static __device__ __forceinline__ prep prepare(const raw &r, int g) { return prep{r.q, r.h.x, k_group_scales(r.h, g)}; }
     /* Against activations in registers: the low nibbles as they are, the
      * high ones masked in place (16 times the code, an unsigned byte) and
      * the sum divided by 16, exactly: no shift per word. */
@@ -61,7 +59,7 @@ struct fmt_q4_k {
         return k_combine(p.dm, p.sm, dot_lo, dot_hi16 >> 4, x);
     }
     static __device__ __forceinline__ float dot_act(const raw &r, const act_view &a, const act &x) {
-        return dot_act(prepare(r, 2 * x.g), a, x);
+        return dot_act(prepare(r, x.g), a, x);
     }
     template <class R>
     static __device__ __forceinline__ float dot(const R &r, const act_view &a, int act_off, int u) {
@@ -88,7 +86,7 @@ struct row_ahead<fmt_q4_k> {
 template <>
 struct unit_prep<fmt_q4_k> {
     typedef fmt_q4_k::prep type;
-    static __device__ __forceinline__ type of(const fmt_q4_k::raw &r, int u) { return fmt_q4_k::prepare(r, u); }
+    static __device__ __forceinline__ type of(const fmt_q4_k::raw &r, int u) { return fmt_q4_k::prepare(r, (u & 7) >> 1); }
     static __device__ __forceinline__ void pin(type &p) {
         pin_reg(p.dm);
         pin_reg(p.sm);
