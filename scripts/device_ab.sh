@@ -17,7 +17,8 @@
 # MOE_AB_SASS=FILE.cu also brings back the SASS of that family file's
 # kernels for every variant, as one $OUT/sass.tar.gz (a run returns at most
 # eight files). MOE_AB_STAGING=1 adds `moe lab`'s staging rows of every
-# variant (the Q4_K lab, its staging table only). MOE_AB_NCU=REGEX runs
+# variant (the Q4_K lab, its staging table only). MOE_AB_PREFILL=1 adds
+# pp512 and pp2048 of every variant. MOE_AB_NCU=REGEX runs
 # Nsight Compute (--set full) on one launch of the run's own build whose
 # kernel matches, in the decode step at depth 512 without the graph, into
 # $OUT/ncu_ab.txt and the per-instruction counts and stalls $OUT/ncu_ab_sass.csv.
@@ -50,13 +51,14 @@ build_variants() {
 }
 
 # bench LABEL ARGS...: one line per variant, the run's own build first
+# (the decode row, or with -n 0 the prefill's)
 bench() {
     local label=$1
     shift
     for moe in "$MOE" /tmp/ab-*-build/moe; do
         [ -x "$moe" ] || continue
         echo "== $label $moe"
-        "$moe" bench -m "$MODEL" --device cuda "$@" 2>&1 | grep "graph+PDL"
+        "$moe" bench -m "$MODEL" --device cuda "$@" 2>&1 | grep -E "graph\+PDL|\| pp[0-9]+ "
     done
 }
 
@@ -114,6 +116,7 @@ run() {
     bench tg128 -p 0 -n 128 -r 5
     bench tg128 -p 0 -n 128 -r 5
     bench d4096 -p 0 -n 32 -r 2 -d 4096
+    [ "${MOE_AB_PREFILL:-0}" = 1 ] && bench pp512 -p 512 -n 0 -r 3 && bench pp2048 -p 2048 -n 0 -r 2
     local positions=${MOE_AB_TIMELINE:-1}
     [ "$positions" = 1 ] && positions="64 512"
     [ "$positions" = 0 ] && positions=""
@@ -125,9 +128,9 @@ run() {
 case "${1:-}" in
 pack) shift && pack "$@" ;;
 run) run ;;
--h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' ;;
 *)
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

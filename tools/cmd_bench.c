@@ -142,8 +142,9 @@ typedef struct report {
     char note[256];
 #ifdef MOE_HAVE_CUDA
     cuda_stage_profile prof;
-    cuda_timeline timeline; /* of the middle layer, beside the profile */
-    bool have_prof;
+    cuda_timeline timeline;     /* of the middle layer, beside the profile */
+    cuda_prefill_profile pf;    /* the prompt's phases, beside the profile */
+    bool have_prof, have_pf;
 #endif
 } report;
 
@@ -174,6 +175,20 @@ static void print_profile(const report *r) {
            "before each (no graph, no PDL). In graph: the step replayed as a CUDA graph with PDL (%d positions from %d, "
            "after an untimed step that captures it) less the same with the stage left out, medians of %d.\n",
            ideal, CUDA_PROFILE_SPAN, p->pos, p->graph_reps);
+}
+
+/* Where the batched prefill's time goes, phase by phase. */
+static void print_prefill_profile(const report *r) {
+    const cuda_prefill_profile *p = &r->pf;
+    printf("\n### batched prefill by phase (%d tokens, the stream synchronised after every phase of every layer)\n\n",
+           p->tokens);
+    printf("| phase | ms | share | cuBLAS calls |\n| --- | ---: | ---: | ---: |\n");
+    for (int k = 0; k < CUDA_PF_COUNT; k++)
+        if (p->ms[k] > 0)
+            printf("| %s | %.2f | %.1f%% | %d |\n", p->names[k], p->ms[k], 100.0 * p->ms[k] / p->total_ms, p->calls[k]);
+    printf("| **prompt** | %.2f | 100%% | |\n\nEach phase's wall time from the end of the one before, the host's "
+           "submission of its launches and calls included; the synchronisations make the whole slower than pp%d.\n",
+           p->total_ms, p->tokens);
 }
 
 /* One layer's launches inside the graph, from the GPU timer's marks. */
@@ -321,6 +336,10 @@ static int bench_cuda_pp(cuda_state *s, const bench_args *a, report *r, const in
     char test[32];
     snprintf(test, sizeof test, "pp%d", a->p);
     add_row(r, test, cuda_prefill_batched(s, a->p) ? "(batched, bf16 GEMMs)" : "(token by token)", tps, a->reps, 0);
+    if (a->profile_reps > 0 && cuda_prefill_batched(s, a->p)) {
+        if (cuda_prefill_profile_run(s, prompt, a->p, &r->pf, &err) != MOE_OK) return cli_fail("bench", &err);
+        r->have_pf = true;
+    }
     return 0;
 }
 
@@ -509,7 +528,8 @@ static void print_help(void) {
            "  --profile[=POS]    (GPU) also time each stage of a decode step at position POS\n"
            "                     (default 512): launch by launch, an event between stages, and\n"
            "                     inside the CUDA graph, each stage left out in turn; and the\n"
-           "                     middle layer's launches block by block inside the graph\n"
+           "                     middle layer's launches block by block inside the graph;\n"
+           "                     with -p, the batched prefill's time phase by phase\n"
            "  --profile-reps R   repetitions of the profiled step (default 50)\n");
 }
 
@@ -617,6 +637,7 @@ int cmd_bench(int argc, char **argv) {
         if (a.json) print_json(r, &a);
         else print_markdown(r, &a);
 #ifdef MOE_HAVE_CUDA
+        if (!a.json && r->have_pf) print_prefill_profile(r);
         if (!a.json && r->have_prof) print_profile(r), print_timeline(r);
 #endif
     }

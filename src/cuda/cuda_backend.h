@@ -111,6 +111,27 @@ moe_status cuda_decode_greedy(cuda_state *s, int32_t token, int pos, int n, int3
  * come back. */
 moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float *ms, moe_error *err);
 
+/* Where a batched prefill's time goes (moe bench --profile with a
+ * prompt): tokens[0..n) at positions 0.. run once more with the stream
+ * synchronised after each phase of each layer. Per phase, summed over the
+ * layers: the wall milliseconds from the end of the phase before (the
+ * host's submission included, which bounds a phase of many small calls)
+ * and the cuBLAS calls made. Only for prompts the batched prefill takes
+ * (cuda_prefill_batched); elsewhere MOE_ERR_UNSUPPORTED. */
+enum {
+    CUDA_PF_EMBED, CUDA_PF_QKV, CUDA_PF_ATTENTION, CUDA_PF_O, CUDA_PF_ROUTE, CUDA_PF_EXPERT_DEQUANT, CUDA_PF_EXPERT_UP,
+    CUDA_PF_EXPERT_DOWN, CUDA_PF_COMBINE, CUDA_PF_DENSE_FFN, CUDA_PF_HEAD, CUDA_PF_COUNT
+};
+typedef struct cuda_prefill_profile {
+    const char *names[CUDA_PF_COUNT];
+    double ms[CUDA_PF_COUNT];
+    int calls[CUDA_PF_COUNT];
+    double total_ms;
+    int tokens;
+} cuda_prefill_profile;
+moe_status cuda_prefill_profile_run(cuda_state *s, const int32_t *tokens, int n, cuda_prefill_profile *out,
+                                    moe_error *err);
+
 /* Stage profile of one decode step (moe bench --profile): the step is
  * launched kernel by kernel (no graph, no PDL overlap) with a CUDA event
  * after every stage, `reps` times (after a warm-up) at position `pos`

@@ -51,6 +51,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda/kernels.cuh"
 #include "cuda/prefill.h"
@@ -331,6 +332,9 @@ struct prefill_scratch {
     int *index;                /* row_token (cap k) | slot_row (cap k) | used experts (n_experts) */
     int *host;                 /* pinned: route ids (cap k) | the index as uploaded */
     int *count, *start, *fill; /* per expert, host */
+    cuda_prefill_profile *prof; /* cuda_prefill_profile_run's, else NULL */
+    double phase_start;         /* its clock at the last phase's end */
+    int calls;                  /* cuBLAS calls so far */
 };
 
 /* MOE_CUDA_PREFILL=0 runs prompts through the decode step token by token
@@ -450,18 +454,19 @@ static moe_status make_scratch(cuda_state *s, moe_error *err) {
 /* Y = W X^T (+ Y): W m x k bf16 rows, X n rows of k bf16, Y n rows of ldy
  * floats (the first m written). Column-major, as cuBLAS sees it:
  * Y^T (m x n) = W (the k x m matrix W^T, transposed) times X^T (k x n). */
-static cublasStatus_t gemm_bf16(const prefill_scratch *p, const uint16_t *w, int m, int k, const uint16_t *x, int n,
+static cublasStatus_t gemm_bf16(prefill_scratch *p, const uint16_t *w, int m, int k, const uint16_t *x, int n,
                                 float *y, int ldy, bool accumulate) {
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    p->calls++;
     return cublasGemmEx(p->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta,
                         y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
 
 /* The same in f32 throughout (the handle keeps the default math mode: no
  * TF32): the router, whose top-k must see what the CPU's f32 product sees. */
-static cublasStatus_t gemm_f32(const prefill_scratch *p, const float *w, int m, int k, const float *x, int n,
-                               float *y) {
+static cublasStatus_t gemm_f32(prefill_scratch *p, const float *w, int m, int k, const float *x, int n, float *y) {
     const float one = 1.0f, zero = 0.0f;
+    p->calls++;
     return cublasGemmEx(p->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_32F, k, x, CUDA_R_32F, k, &zero, y,
                         CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 }
@@ -470,6 +475,31 @@ static void dequant(const cuda_state *s, const dmat *m, const int *experts, int 
                     bool bf16) {
     cuda_format_of(m->type)->dequant(m, experts, n, out, out_stride, bf16, s->stream);
 }
+
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* With a profile on (cuda_prefill_profile_run): the phase just submitted,
+ * waited for and timed from the end of the one before. */
+static moe_status phase_done(cuda_state *s, int phase, moe_error *err) {
+    prefill_scratch *p = s->prefill;
+    if (!p->prof) return MOE_OK;
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    const double now = seconds_now();
+    p->prof->ms[phase] += (now - p->phase_start) * 1e3;
+    p->prof->calls[phase] += p->calls;
+    p->phase_start = now;
+    p->calls = 0;
+    return MOE_OK;
+}
+#define PHASE_DONE(s, phase)                                                                                           \
+    do {                                                                                                               \
+        const moe_status phase_st_ = phase_done(s, phase, err);                                                        \
+        if (phase_st_ != MOE_OK) return phase_st_;                                                                     \
+    } while (0)
 
 /* ---------------------------------------------------------------- a layer */
 
@@ -483,6 +513,7 @@ static moe_status attention_layer(cuda_state *s, int l, int T, int pos, moe_erro
     dequant(s, &w->wk, NULL, 1, p->w16 + (int64_t)q * d, 0, true);
     dequant(s, &w->wv, NULL, 1, p->w16 + (int64_t)(q + kv) * d, 0, true);
     BLAS_CHECK(gemm_bf16(p, p->w16, q + 2 * kv, d, p->x16, T, p->qkv, q + 2 * kv, false));
+    PHASE_DONE(s, CUDA_PF_QKV);
     prefill_attn a;
     memset(&a, 0, sizeof a);
     a.qkv = p->qkv;
@@ -498,9 +529,11 @@ static moe_status attention_layer(cuda_state *s, int l, int T, int pos, moe_erro
     a.out = p->att;
     a.pos = pos, a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.hd = c->head_dim;
     launch_attention(&a, T, s->stream);
+    PHASE_DONE(s, CUDA_PF_ATTENTION);
     LAUNCH(norm_kernel, T, ROW_THREADS, 0, s->stream, p->att, (const float *)NULL, 0.0f, q, (float *)NULL, p->x16);
     dequant(s, &w->wo, NULL, 1, p->w16, 0, true);
     BLAS_CHECK(gemm_bf16(p, p->w16, d, q, p->x16, T, p->x, d, true));
+    PHASE_DONE(s, CUDA_PF_O);
     return MOE_OK;
 }
 
@@ -517,6 +550,7 @@ static moe_status swiglu_ffn(cuda_state *s, const dmat *gate, const dmat *up, co
     LAUNCH(swiglu_kernel, T, ROW_THREADS, 0, s->stream, p->h16, p->gu, ff, gate_inp ? (const float *)p->shgate : NULL);
     dequant(s, down, NULL, 1, p->w16, 0, true);
     BLAS_CHECK(gemm_bf16(p, p->w16, d, ff, p->h16, T, p->x, d, true));
+    PHASE_DONE(s, CUDA_PF_DENSE_FFN);
     return MOE_OK;
 }
 
@@ -554,6 +588,7 @@ static moe_status expert_batch(cuda_state *s, const cuda_layer *w, int b0, int n
     dequant(s, &w->exp_gate, used_dev, nb, gate_up, (int64_t)2 * ff * d, true);
     dequant(s, &w->exp_up, used_dev, nb, gate_up + (int64_t)ff * d, (int64_t)2 * ff * d, true);
     dequant(s, &w->exp_down, used_dev, nb, down, (int64_t)ff * d, true);
+    PHASE_DONE(s, CUDA_PF_EXPERT_DEQUANT);
     for (int i = 0; i < nb; i++) {
         const int r0 = p->start[used[i]], rows = p->count[used[i]];
         BLAS_CHECK(gemm_bf16(p, gate_up + (int64_t)i * 2 * ff * d, 2 * ff, d, p->xs16 + (int64_t)r0 * d, rows,
@@ -562,11 +597,13 @@ static moe_status expert_batch(cuda_state *s, const cuda_layer *w, int b0, int n
     const int first = p->start[used[0]], end = p->start[used[nb - 1]] + p->count[used[nb - 1]];
     LAUNCH(swiglu_kernel, end - first, ROW_THREADS, 0, s->stream, p->h16 + (int64_t)first * ff,
            p->gu + (int64_t)first * 2 * ff, ff, (const float *)NULL);
+    PHASE_DONE(s, CUDA_PF_EXPERT_UP);
     for (int i = 0; i < nb; i++) {
         const int r0 = p->start[used[i]], rows = p->count[used[i]];
         BLAS_CHECK(gemm_bf16(p, down + (int64_t)i * ff * d, d, ff, p->h16 + (int64_t)r0 * ff, rows,
                              p->eo + (int64_t)r0 * d, d, false));
     }
+    PHASE_DONE(s, CUDA_PF_EXPERT_DOWN);
     return MOE_OK;
 }
 
@@ -584,6 +621,7 @@ static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *
     CUDA_CHECK(cudaMemcpyAsync(p->index, p->host + cap_rows, (size_t)(2 * cap_rows + E) * sizeof(int),
                                cudaMemcpyHostToDevice, s->stream));
     LAUNCH(gather_rows_kernel, T * k, 64, 0, s->stream, p->xs16, (const uint16_t *)p->x16, (const int *)p->index, d);
+    PHASE_DONE(s, CUDA_PF_ROUTE);
     for (int b0 = 0; b0 < n_used; b0 += p->batch_experts) {
         const int nb = n_used - b0 < p->batch_experts ? n_used - b0 : p->batch_experts;
         moe_status st = expert_batch(s, w, b0, nb, err);
@@ -591,6 +629,7 @@ static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *
     }
     LAUNCH(scatter_kernel, T, ROW_THREADS, 0, s->stream, p->x, (const float *)p->eo, (const float *)p->route_w,
            (const int *)p->index + cap_rows, k, d);
+    PHASE_DONE(s, CUDA_PF_COMBINE);
     if (!w->has_shared) return MOE_OK;
     return swiglu_ffn(s, &w->sh_gate, &w->sh_up, &w->sh_down, w->sh_gate_inp, T, err);
 }
@@ -642,10 +681,12 @@ static moe_status run_chunk(cuda_state *s, int done, int T, int pos, float *out,
     rows.expert_stride = rows.row_stride;
     rows.meta_expert_stride = rows.meta_row_stride;
     dequant(s, &rows, s->prefill->tokens + done, T, s->prefill->x, c->n_embd, false);
+    PHASE_DONE(s, CUDA_PF_EMBED);
     moe_status st = MOE_OK;
     for (int l = 0; l < c->n_layers && st == MOE_OK; l++)
         if ((st = attention_layer(s, l, T, pos, err)) == MOE_OK) st = ffn_layer(s, l, T, err);
     if (st == MOE_OK && n_out) st = head(s, T, n_out, out, err);
+    if (st == MOE_OK) PHASE_DONE(s, CUDA_PF_HEAD);
     CUDA_CHECK(cudaGetLastError());
     return st;
 }
@@ -668,6 +709,34 @@ moe_status cuda_prefill(cuda_state *s, const int32_t *tokens, int n, int pos, fl
     return st;
 }
 
+static const char *const phase_names[CUDA_PF_COUNT] = {
+    "embedding",    "norm + q|k|v",       "q/k norm, RoPE, cache + attention", "o + residual",
+    "ffn norm + router + grouping by expert", "experts dequantized", "experts gate|up + SwiGLU", "experts down",
+    "experts combined + residual",            "dense or shared FFN", "head"};
+
+moe_status cuda_prefill_profile_run(cuda_state *s, const int32_t *tokens, int n, cuda_prefill_profile *out,
+                                    moe_error *err) {
+    if (n > s->n_ctx) return moe_error_set(err, MOE_ERR_RANGE, "%d prompt tokens do not fit in %d", n, s->n_ctx);
+    if (!cuda_prefill_batched(s, n))
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "%d tokens do not take the batched prefill", n);
+    moe_status st = s->prefill ? MOE_OK : make_scratch(s, err);
+    if (st != MOE_OK) return st;
+    memset(out, 0, sizeof *out);
+    for (int i = 0; i < CUDA_PF_COUNT; i++)
+        out->names[i] = phase_names[i];
+    out->tokens = n;
+    prefill_scratch *p = s->prefill;
+    CUDA_CHECK(cudaStreamSynchronize(s->stream));
+    p->prof = out;
+    p->calls = 0;
+    p->phase_start = seconds_now();
+    const double t0 = p->phase_start;
+    st = cuda_prefill(s, tokens, n, 0, NULL, false, err);
+    out->total_ms = (seconds_now() - t0) * 1e3;
+    p->prof = NULL;
+    return st;
+}
+
 #else /* the simulator: no cuBLAS */
 
 bool cuda_prefill_batched(const cuda_state *s, int n) {
@@ -681,6 +750,12 @@ moe_status cuda_prefill(cuda_state *s, const int32_t *tokens, int n, int pos, fl
 }
 
 void cuda_prefill_free(cuda_state *s) { (void)s; }
+
+moe_status cuda_prefill_profile_run(cuda_state *s, const int32_t *tokens, int n, cuda_prefill_profile *out,
+                                    moe_error *err) {
+    (void)s, (void)tokens, (void)n, (void)out;
+    return moe_error_set(err, MOE_ERR_UNSUPPORTED, "the simulator has no cuBLAS for the batched prefill");
+}
 
 #endif
 
