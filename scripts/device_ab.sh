@@ -18,7 +18,7 @@
 # kernels for every variant, as one $OUT/sass.tar.gz (a run returns at most
 # eight files). MOE_AB_STAGING=1 adds `moe lab`'s staging rows of every
 # variant (the Q4_K lab, its staging table only). MOE_AB_PREFILL=1 adds
-# pp512 and pp2048 of every variant. MOE_AB_NCU=REGEX runs
+# pp512 (with its phases) and pp2048 of every variant. MOE_AB_NCU=REGEX runs
 # Nsight Compute (--set full) on one launch of the run's own build whose
 # kernel matches, in the decode step at depth 512 without the graph, into
 # $OUT/ncu_ab.txt and the per-instruction counts and stalls $OUT/ncu_ab_sass.csv.
@@ -74,6 +74,19 @@ timeline() {
     done
 }
 
+# pp512 and pp2048 of every variant, and where pp512's time goes (the
+# prefill's phases, from builds that have them).
+prefill() {
+    bench pp2048 -p 2048 -n 0 -r 2
+    for moe in "$MOE" /tmp/ab-*-build/moe; do
+        [ -x "$moe" ] || continue
+        echo "== pp512 $moe"
+        "$moe" bench -m "$MODEL" --device cuda -p 512 -n 0 -r 3 --profile --profile-reps 1 >/tmp/ab-pp.log 2>&1
+        grep "| pp512 " /tmp/ab-pp.log
+        sed -n '/^### batched prefill/,/^| \*\*prompt/p' /tmp/ab-pp.log
+    done
+}
+
 # The SASS of src/cuda/$1's kernels in each variant's build, into $OUT/sass.tar.gz.
 sass() {
     local dir=/tmp/ab-sass object=CMakeFiles/moecore.dir/src/cuda/$1.o
@@ -116,7 +129,7 @@ run() {
     bench tg128 -p 0 -n 128 -r 5
     bench tg128 -p 0 -n 128 -r 5
     bench d4096 -p 0 -n 32 -r 2 -d 4096
-    [ "${MOE_AB_PREFILL:-0}" = 1 ] && bench pp512 -p 512 -n 0 -r 3 && bench pp2048 -p 2048 -n 0 -r 2
+    [ "${MOE_AB_PREFILL:-0}" = 1 ] && prefill
     local positions=${MOE_AB_TIMELINE:-1}
     [ "$positions" = 1 ] && positions="64 512"
     [ "$positions" = 0 ] && positions=""
