@@ -14,7 +14,8 @@
  *     RMSNorm; a dense SwiGLU FFN, or:
  *       router logits (f32 GEMM), softmax|sigmoid, top-k  route_kernel
  *       the (token, slot) pairs grouped by expert         on the host
- *       per expert: gate|up GEMM, SwiGLU, down GEMM       over its tokens
+ *       gate|up GEMM, SwiGLU, down GEMM per expert        over its tokens,
+ *         a product of a batch of experts one grouped call
  *       x += sum_j w_j out_j                              scatter_kernel
  *       the shared expert (sigmoid-gated), as dense
  *   output head on the positions asked for                the decode's gemv
@@ -42,8 +43,10 @@
  * Precision: the residual stream, the KV cache (f32, the layout the decode
  * step reads), norms, RoPE, attention, router logits and routing weights
  * are f32 as on the CPU; only GEMM operands are rounded to bf16 (8-bit
- * mantissa: ~3e-3 relative per product). The head goes through the decode
- * step's gemv, so the logits see the CPU's activation quantization.
+ * mantissa: ~3e-3 relative per product), and the routed experts' products,
+ * which cuBLAS's grouped call returns in bf16 only. The head goes through
+ * the decode step's gemv, so the logits see the CPU's activation
+ * quantization.
  *
  * The simulator build (MOE_CUDA_SIM) has no cuBLAS: its kernels compile
  * and their tests run, but prompts go through the decode step token by
@@ -91,14 +94,21 @@ static __global__ void __launch_bounds__(ROW_THREADS)
     }
 }
 
+/* A product's value: f32, or bf16 bits (the experts' grouped products). */
+__device__ __forceinline__ float product_value(float v) { return v; }
+__device__ __forceinline__ float product_value(uint16_t v) { return bf16_bits_to_f32(v); }
+
 /* h[r] = silu(g) * u * scale[r] (bf16) from row r of gu = [g (ff) | u (ff)]. */
+template <class T>
 static __global__ void __launch_bounds__(ROW_THREADS)
-    swiglu_kernel(uint16_t *h, const float *gu, int ff, const float *scale) {
+    swiglu_kernel(uint16_t *h, const T *gu, int ff, const float *scale) {
     const int64_t r = blockIdx.x;
-    const float *g = gu + r * 2 * ff, *u = g + ff;
+    const T *g = gu + r * 2 * ff, *u = g + ff;
     const float s = scale ? scale[r] : 1.0f;
-    for (int i = threadIdx.x; i < ff; i += blockDim.x)
-        h[r * ff + i] = f32_to_bf16_bits(g[i] / (1.0f + expf(-g[i])) * u[i] * s);
+    for (int i = threadIdx.x; i < ff; i += blockDim.x) {
+        const float gi = product_value(g[i]);
+        h[r * ff + i] = f32_to_bf16_bits(gi / (1.0f + expf(-gi)) * product_value(u[i]) * s);
+    }
 }
 
 /* out[t] = sigmoid(xn[t] . w): the shared expert's gate, a warp per token,
@@ -125,12 +135,12 @@ static __global__ void gather_rows_kernel(uint16_t *dst, const uint16_t *src, co
 /* x[t] += sum_j w[t, j] * out[slot_row[t k + j]], j in slot order (the
  * CPU's order); one block per token, no atomics. */
 static __global__ void __launch_bounds__(ROW_THREADS)
-    scatter_kernel(float *x, const float *out, const float *weights, const int *slot_row, int k, int n) {
+    scatter_kernel(float *x, const uint16_t *out, const float *weights, const int *slot_row, int k, int n) {
     const int64_t t = blockIdx.x;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float acc = x[t * n + i];
         for (int j = 0; j < k; j++)
-            acc += weights[t * k + j] * out[(int64_t)slot_row[t * k + j] * n + i];
+            acc += weights[t * k + j] * product_value(out[(int64_t)slot_row[t * k + j] * n + i]);
         x[t * n + i] = acc;
     }
 }
@@ -310,6 +320,30 @@ static void launch_attention(const prefill_attn *a, int T, cudaStream_t st) {
 #ifndef MOE_CUDA_SIM
 /* ---------------------------------------------------------------- scratch */
 
+/* The arguments of the experts' products as cublasGemmGroupedBatchedEx
+ * calls, one a batch and product (gate|up, down): a group per used expert,
+ * since each has its own token count (n). m, k and the leading dimensions
+ * are the same in every group, but cuBLAS takes them as arrays too. The
+ * grouped call has no bf16 x bf16 -> f32 form, so the products come out in
+ * bf16 (as their inputs already are). */
+#if CUBLAS_VERSION >= 120500
+#define GROUPED_GEMM 1
+#else
+#define GROUPED_GEMM 0
+#endif
+enum { GU, DN };     /* the two products of an expert */
+enum { PA, PB, PC }; /* a product's pointer arrays: weights, inputs, outputs */
+struct expert_gemms {
+    bool on;                        /* cleared if the library turns the call down */
+    int experts;                    /* E: the length of every array */
+    void *host_mem;                 /* the host arrays below */
+    int *n;                         /* each used expert's rows */
+    int *embd, *ff, *ff2, *ones;    /* n_embd, ff, 2 ff and group sizes, E times */
+    float *alpha, *beta;            /* 1 and 0 */
+    cublasOperation_t *op_t, *op_n; /* transposed weights, plain inputs */
+    const void **ptr_host, **ptr;   /* pinned and device: [product][array][used expert] */
+};
+
 struct prefill_scratch {
     cublasHandle_t blas;
     int cap;           /* tokens per chunk */
@@ -325,7 +359,8 @@ struct prefill_scratch {
     uint16_t *h16;             /* (rows, ff) SwiGLU, bf16 */
     uint16_t *w16;             /* dequantized weights */
     uint16_t *xs16;            /* (cap k, n_embd) inputs grouped by expert */
-    float *eo;                 /* (cap k, n_embd) expert outputs, grouped */
+    uint16_t *gu16;            /* gu's memory as (cap k, 2 ff) bf16: the experts' gate | up */
+    uint16_t *eo16;            /* (cap k, n_embd) expert outputs, grouped, bf16 */
     float *router_w, *logits;  /* (n_experts, n_embd) f32 router, (cap, n_experts) */
     float *route_w, *shgate;   /* (cap, k), (cap) */
     int *route_ids;            /* (cap, k) */
@@ -335,6 +370,7 @@ struct prefill_scratch {
     cuda_prefill_profile *prof; /* cuda_prefill_profile_run's, else NULL */
     double phase_start;         /* its clock at the last phase's end */
     int calls;                  /* cuBLAS calls so far */
+    expert_gemms g;             /* the experts' products as grouped calls */
 };
 
 /* MOE_CUDA_PREFILL=0 runs prompts through the decode step token by token
@@ -391,19 +427,23 @@ static void lay_out(const cuda_state *s, prefill_scratch *p, uint8_t *base, size
     p->w16 = (uint16_t *)take(base, used, (size_t)p->w16_elems * sizeof(uint16_t));
     if (!E) return;
     p->xs16 = (uint16_t *)take(base, used, R * d * sizeof(uint16_t));
-    p->eo = (float *)take(base, used, R * d * sizeof(float));
+    p->gu16 = (uint16_t *)p->gu;
+    p->eo16 = (uint16_t *)take(base, used, R * d * sizeof(uint16_t));
     p->router_w = (float *)take(base, used, E * d * sizeof(float));
     p->logits = (float *)take(base, used, T * E * sizeof(float));
     p->route_w = (float *)take(base, used, R * sizeof(float));
     p->shgate = (float *)take(base, used, T * sizeof(float));
     p->route_ids = (int *)take(base, used, R * sizeof(int));
     p->index = (int *)take(base, used, (2 * R + E) * sizeof(int));
+    p->g.ptr = (const void **)take(base, used, 6 * E * sizeof(void *));
 }
 
 static void free_scratch(prefill_scratch *p) {
     if (p->blas) cublasDestroy(p->blas);
     if (p->mem) cudaFree(p->mem);
     if (p->host) cudaFreeHost(p->host);
+    if (p->g.ptr_host) cudaFreeHost(p->g.ptr_host);
+    free(p->g.host_mem);
     free(p->count);
     free(p);
 }
@@ -411,6 +451,25 @@ static void free_scratch(prefill_scratch *p) {
 void cuda_prefill_free(cuda_state *s) {
     if (s->prefill) free_scratch(s->prefill);
     s->prefill = NULL;
+}
+
+/* The grouped calls' host arrays that stay the same: false if out of
+ * memory. */
+static bool set_up_expert_gemms(expert_gemms *g, const model_config *c) {
+    const int E = c->n_experts;
+    g->host_mem = calloc(E, 5 * sizeof(int) + 2 * sizeof(float) + 2 * sizeof(cublasOperation_t));
+    if (!g->host_mem) return false;
+    g->op_t = (cublasOperation_t *)g->host_mem, g->op_n = g->op_t + E;
+    g->alpha = (float *)(g->op_n + E), g->beta = g->alpha + E;
+    g->n = (int *)(g->beta + E), g->embd = g->n + E, g->ff = g->embd + E, g->ff2 = g->ff + E, g->ones = g->ff2 + E;
+    for (int j = 0; j < E; j++) {
+        g->op_t[j] = CUBLAS_OP_T, g->op_n[j] = CUBLAS_OP_N;
+        g->alpha[j] = 1.0f, g->beta[j] = 0.0f;
+        g->embd[j] = c->n_embd, g->ff[j] = c->n_ff_expert, g->ff2[j] = 2 * c->n_ff_expert, g->ones[j] = 1;
+    }
+    g->experts = E;
+    g->on = GROUPED_GEMM;
+    return true;
 }
 
 static moe_status make_scratch(cuda_state *s, moe_error *err) {
@@ -425,6 +484,7 @@ static moe_status make_scratch(cuda_state *s, moe_error *err) {
     const size_t R = (size_t)p->cap * p->k, E = c->n_experts;
     cudaError_t e = cudaMalloc(&p->mem, bytes);
     if (e == cudaSuccess && E) e = cudaMallocHost(&p->host, (3 * R + E) * sizeof(int));
+    if (e == cudaSuccess && E) e = cudaMallocHost((void **)&p->g.ptr_host, 6 * E * sizeof(void *));
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         free_scratch(p);
@@ -438,6 +498,10 @@ static moe_status make_scratch(cuda_state *s, moe_error *err) {
         return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     }
     p->start = p->count + E, p->fill = p->start + E;
+    if (E && !set_up_expert_gemms(&p->g, c)) {
+        free_scratch(p);
+        return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
+    }
     cublasStatus_t b = cublasCreate(&p->blas);
     if (b == CUBLAS_STATUS_SUCCESS) b = cublasSetStream(p->blas, s->stream);
     if (b != CUBLAS_STATUS_SUCCESS) {
@@ -452,14 +516,20 @@ static moe_status make_scratch(cuda_state *s, moe_error *err) {
 /* ---------------------------------------------------------------- products */
 
 /* Y = W X^T (+ Y): W m x k bf16 rows, X n rows of k bf16, Y n rows of ldy
- * floats (the first m written). Column-major, as cuBLAS sees it:
- * Y^T (m x n) = W (the k x m matrix W^T, transposed) times X^T (k x n). */
-static cublasStatus_t gemm_bf16(prefill_scratch *p, const uint16_t *w, int m, int k, const uint16_t *x, int n,
-                                float *y, int ldy, bool accumulate) {
+ * values of y_type, f32 or bf16 (the first m written). Column-major, as
+ * cuBLAS sees it: Y^T (m x n) = W (the k x m matrix W^T, transposed) times
+ * X^T (k x n). */
+static cublasStatus_t gemm_bf16_as(prefill_scratch *p, const uint16_t *w, int m, int k, const uint16_t *x, int n,
+                                   void *y, cudaDataType_t y_type, int ldy, bool accumulate) {
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     p->calls++;
     return cublasGemmEx(p->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w, CUDA_R_16BF, k, x, CUDA_R_16BF, k, &beta,
-                        y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                        y, y_type, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+static cublasStatus_t gemm_bf16(prefill_scratch *p, const uint16_t *w, int m, int k, const uint16_t *x, int n,
+                                float *y, int ldy, bool accumulate) {
+    return gemm_bf16_as(p, w, m, k, x, n, y, CUDA_R_32F, ldy, accumulate);
 }
 
 /* The same in f32 throughout (the handle keeps the default math mode: no
@@ -547,7 +617,8 @@ static moe_status swiglu_ffn(cuda_state *s, const dmat *gate, const dmat *up, co
     dequant(s, up, NULL, 1, p->w16 + (int64_t)ff * d, 0, true);
     BLAS_CHECK(gemm_bf16(p, p->w16, 2 * ff, d, p->x16, T, p->gu, 2 * ff, false));
     if (gate_inp) LAUNCH(shared_gate_kernel, T, 32, 0, s->stream, p->shgate, p->xn, gate_inp, d);
-    LAUNCH(swiglu_kernel, T, ROW_THREADS, 0, s->stream, p->h16, p->gu, ff, gate_inp ? (const float *)p->shgate : NULL);
+    LAUNCH(swiglu_kernel<float>, T, ROW_THREADS, 0, s->stream, p->h16, (const float *)p->gu, ff,
+           gate_inp ? (const float *)p->shgate : NULL);
     dequant(s, down, NULL, 1, p->w16, 0, true);
     BLAS_CHECK(gemm_bf16(p, p->w16, d, ff, p->h16, T, p->x, d, true));
     PHASE_DONE(s, CUDA_PF_DENSE_FFN);
@@ -578,6 +649,71 @@ static int group_by_expert(prefill_scratch *p, int T, int n_experts) {
     return n_used;
 }
 
+/* The grouped calls' rows and pointers for the chunk's n_used experts,
+ * uploaded: expert j's weights sit in slot j % batch_experts of the
+ * weight scratch (expert_batch), its rows from start[used[j]] on. */
+static moe_status point_expert_gemms(cuda_state *s, const cuda_layer *w, int n_used, moe_error *err) {
+    prefill_scratch *p = s->prefill;
+    expert_gemms *g = &p->g;
+    const int64_t d = s->m->config.n_embd, ff = w->exp_gate.rows, E = g->experts;
+    const int *used = p->host + 3 * p->cap * p->k;
+    const uint16_t *gate_up = p->w16, *down = p->w16 + (int64_t)p->batch_experts * 2 * ff * d;
+    const void **at[2][3];
+    for (int prod = 0; prod < 2; prod++)
+        for (int arr = 0; arr < 3; arr++)
+            at[prod][arr] = g->ptr_host + (prod * 3 + arr) * E;
+    for (int j = 0; j < n_used; j++) {
+        const int64_t slot = j % p->batch_experts, r0 = p->start[used[j]];
+        g->n[j] = p->count[used[j]];
+        at[GU][PA][j] = gate_up + slot * 2 * ff * d;
+        at[GU][PB][j] = p->xs16 + r0 * d;
+        at[GU][PC][j] = p->gu16 + r0 * 2 * ff;
+        at[DN][PA][j] = down + slot * ff * d;
+        at[DN][PB][j] = p->h16 + r0 * ff;
+        at[DN][PC][j] = p->eo16 + r0 * d;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(g->ptr, g->ptr_host, 6 * E * sizeof(void *), cudaMemcpyHostToDevice, s->stream));
+    return MOE_OK;
+}
+
+/* One product of experts used[b0 .. b0+nb) as one grouped call.
+ * CUBLAS_STATUS_NOT_SUPPORTED (a library without the call) turns the
+ * grouped calls off. */
+static cublasStatus_t grouped_product(prefill_scratch *p, int prod, int b0, int nb) {
+    expert_gemms *g = &p->g;
+    if (!g->on) return CUBLAS_STATUS_NOT_SUPPORTED;
+#if GROUPED_GEMM
+    const int E = g->experts, *m = prod == GU ? g->ff2 : g->embd, *k = prod == GU ? g->embd : g->ff;
+    const void *const *ptr = g->ptr + prod * 3 * E + b0;
+    p->calls++;
+    const cublasStatus_t st = cublasGemmGroupedBatchedEx(
+        p->blas, g->op_t, g->op_n, m, g->n + b0, k, g->alpha, ptr + PA * E, CUDA_R_16BF, k, ptr + PB * E, CUDA_R_16BF,
+        k, g->beta, (void *const *)(ptr + PC * E), CUDA_R_16BF, m, nb, g->ones, CUBLAS_COMPUTE_32F);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) g->on = false;
+    return st;
+#else
+    (void)prod, (void)b0, (void)nb;
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+#endif
+}
+
+/* One product (gate|up or down) of experts used[b0 .. b0+nb): grouped,
+ * or a call per expert where the library has no grouped call. */
+static moe_status experts_product(prefill_scratch *p, int prod, int b0, int nb, moe_error *err) {
+    const cublasStatus_t st = grouped_product(p, prod, b0, nb);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
+        BLAS_CHECK(st);
+        return MOE_OK;
+    }
+    const expert_gemms *g = &p->g;
+    const int E = g->experts, m = prod == GU ? g->ff2[0] : g->embd[0], k = prod == GU ? g->embd[0] : g->ff[0];
+    const void *const *ptr = g->ptr_host + prod * 3 * E;
+    for (int j = b0; j < b0 + nb; j++)
+        BLAS_CHECK(gemm_bf16_as(p, (const uint16_t *)ptr[PA * E + j], m, k, (const uint16_t *)ptr[PB * E + j], g->n[j],
+                                (void *)ptr[PC * E + j], CUDA_R_16BF, m, false));
+    return MOE_OK;
+}
+
 /* Experts used[b0 .. b0+nb) of the chunk: their weights dequantized
  * together, then gate|up, SwiGLU and down over each one's rows. */
 static moe_status expert_batch(cuda_state *s, const cuda_layer *w, int b0, int nb, moe_error *err) {
@@ -589,20 +725,13 @@ static moe_status expert_batch(cuda_state *s, const cuda_layer *w, int b0, int n
     dequant(s, &w->exp_up, used_dev, nb, gate_up + (int64_t)ff * d, (int64_t)2 * ff * d, true);
     dequant(s, &w->exp_down, used_dev, nb, down, (int64_t)ff * d, true);
     PHASE_DONE(s, CUDA_PF_EXPERT_DEQUANT);
-    for (int i = 0; i < nb; i++) {
-        const int r0 = p->start[used[i]], rows = p->count[used[i]];
-        BLAS_CHECK(gemm_bf16(p, gate_up + (int64_t)i * 2 * ff * d, 2 * ff, d, p->xs16 + (int64_t)r0 * d, rows,
-                             p->gu + (int64_t)r0 * 2 * ff, 2 * ff, false));
-    }
+    moe_status st = experts_product(p, GU, b0, nb, err);
+    if (st != MOE_OK) return st;
     const int first = p->start[used[0]], end = p->start[used[nb - 1]] + p->count[used[nb - 1]];
-    LAUNCH(swiglu_kernel, end - first, ROW_THREADS, 0, s->stream, p->h16 + (int64_t)first * ff,
-           p->gu + (int64_t)first * 2 * ff, ff, (const float *)NULL);
+    LAUNCH(swiglu_kernel<uint16_t>, end - first, ROW_THREADS, 0, s->stream, p->h16 + (int64_t)first * ff,
+           (const uint16_t *)p->gu16 + (int64_t)first * 2 * ff, ff, (const float *)NULL);
     PHASE_DONE(s, CUDA_PF_EXPERT_UP);
-    for (int i = 0; i < nb; i++) {
-        const int r0 = p->start[used[i]], rows = p->count[used[i]];
-        BLAS_CHECK(gemm_bf16(p, down + (int64_t)i * ff * d, d, ff, p->h16 + (int64_t)r0 * ff, rows,
-                             p->eo + (int64_t)r0 * d, d, false));
-    }
+    if ((st = experts_product(p, DN, b0, nb, err)) != MOE_OK) return st;
     PHASE_DONE(s, CUDA_PF_EXPERT_DOWN);
     return MOE_OK;
 }
@@ -620,14 +749,15 @@ static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *
     const int n_used = group_by_expert(p, T, E);
     CUDA_CHECK(cudaMemcpyAsync(p->index, p->host + cap_rows, (size_t)(2 * cap_rows + E) * sizeof(int),
                                cudaMemcpyHostToDevice, s->stream));
+    moe_status st = point_expert_gemms(s, w, n_used, err);
+    if (st != MOE_OK) return st;
     LAUNCH(gather_rows_kernel, T * k, 64, 0, s->stream, p->xs16, (const uint16_t *)p->x16, (const int *)p->index, d);
     PHASE_DONE(s, CUDA_PF_ROUTE);
     for (int b0 = 0; b0 < n_used; b0 += p->batch_experts) {
         const int nb = n_used - b0 < p->batch_experts ? n_used - b0 : p->batch_experts;
-        moe_status st = expert_batch(s, w, b0, nb, err);
-        if (st != MOE_OK) return st;
+        if ((st = expert_batch(s, w, b0, nb, err)) != MOE_OK) return st;
     }
-    LAUNCH(scatter_kernel, T, ROW_THREADS, 0, s->stream, p->x, (const float *)p->eo, (const float *)p->route_w,
+    LAUNCH(scatter_kernel, T, ROW_THREADS, 0, s->stream, p->x, (const uint16_t *)p->eo16, (const float *)p->route_w,
            (const int *)p->index + cap_rows, k, d);
     PHASE_DONE(s, CUDA_PF_COMBINE);
     if (!w->has_shared) return MOE_OK;
