@@ -67,8 +67,8 @@
 #define PREFILL_MIN_TOKENS   16                 /* fewer go through the decode step (see the top) */
 #define PREFILL_EXPERT_BYTES ((int64_t)256 << 20) /* bf16 scratch for one batch of experts: a few % of a 17 GB model */
 #define ROW_THREADS          256
-#define ATT_THREADS          128
-#define ATT_TILE             64 /* positions whose scores a block holds at once */
+#define ATT_THREADS          256
+#define ATT_TILE             32 /* keys a block holds at once: a lane each in the softmax */
 #define ATT_MAX_G            16 /* query heads per KV head (check_config) */
 
 /* ---------------------------------------------------------------- per-token rows */
@@ -220,101 +220,126 @@ static __global__ void __launch_bounds__(ROW_THREADS) qk_prepare_kernel(const pr
     }
 }
 
-static size_t attention_smem(int G, int hd) {
-    return sizeof(float) * ((size_t)G * hd + (size_t)G * ATT_TILE + 3 * (size_t)G);
+/* The attention's tiles: a block takes up to ATT_ROWS query rows (QT
+ * tokens x the G query heads of one KV head) and walks the keys ATT_TILE
+ * (a warp's width) at a time, each tile of keys and values copied to
+ * shared memory once for all its rows. One token a block, as before the
+ * eighteenth session, read every cached key and value from L2 once per
+ * token and summed each score across a warp: 36 ms of pp512's 165 on
+ * Qwen3-30B-A3B (bench/results/2026-12-03-s18). */
+#define ATT_ROWS 64
+
+static __host__ __device__ int attention_tokens(int G) { return ATT_ROWS / G > 0 ? ATT_ROWS / G : 1; }
+
+/* Floats of shared memory: q and k rows padded by one (the scores read
+ * them down a column), v, the scores, and m, l and the correction a row. */
+static size_t attention_smem(int hd) {
+    return sizeof(float) * ((size_t)(ATT_ROWS + ATT_TILE) * (hd + 1) + (size_t)ATT_TILE * hd +
+                            (size_t)ATT_ROWS * ATT_TILE + 3 * ATT_ROWS);
 }
 
-/* Block (t, g): the G query heads of KV head g for token t over positions
- * 0..pos+t, a tile of ATT_TILE keys at a time with an online softmax
- * (running max m, sum l; earlier sums rescaled by e^(m_old - m_new)). A
- * warp per key for the scores, a thread per dimension for the values. */
-static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const prefill_attn a) {
+/* Block (b, g): tokens b QT .. of the chunk, the G query heads of KV head
+ * g (row r = token (r / G), head (r % G)), over positions 0..pos+t each,
+ * with an online softmax (running max m, sum l; earlier sums rescaled by
+ * e^(m_old - m_new)). Scores: a thread takes 2 rows x 4 keys of a tile;
+ * the softmax a warp a row, a lane a key; the values a thread a dimension
+ * of 256 / hd rows apart, SLOTS rows at most (an instance for heads up
+ * to 128 wide, 32, and one up to 256, 64: the accumulators are registers). */
+template <int SLOTS>
+static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const prefill_attn a, int T) {
     DYN_SMEM(float, sm);
-    const int t = blockIdx.x, g = blockIdx.y, G = a.n_heads / a.n_kv, hd = a.hd;
-    const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
-    const int kv_dim = a.n_kv * hd, n_pos = a.pos + t + 1;
-    float *qs = sm, *sc = qs + G * hd, *m = sc + G * ATT_TILE, *l = m + G, *corr = l + G;
-    const float *q = a.qkv + (int64_t)t * a.qkv_stride + g * G * hd;
-    const float *keys = a.k_cache + g * hd, *values = a.v_cache + g * hd;
-    for (int i = tid; i < G * hd; i += nt)
-        qs[i] = q[i];
-    if (tid < G) m[tid] = -INFINITY, l[tid] = 0.0f;
-    float acc[2][ATT_MAX_G]; /* dimensions tid and tid + nt (hd <= 256) */
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int h = 0; h < ATT_MAX_G; h++)
-            acc[j][h] = 0.0f;
-    const float scale = 1.0f / sqrtf((float)hd);
-    __syncthreads();
-    for (int p0 = 0; p0 < n_pos; p0 += ATT_TILE) {
-        const int n = min(ATT_TILE, n_pos - p0);
-        for (int j = warp; j < n; j += nw) {
-            const float *key = keys + (int64_t)(p0 + j) * kv_dim;
-            float kr[8];
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                kr[i] = lane + 32 * i < hd ? key[lane + 32 * i] : 0.0f; /* heads of any size up to 256 */
-            for (int h = 0; h < G; h++) {
-                float dot = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    if (lane + 32 * i < hd) dot += qs[h * hd + lane + 32 * i] * kr[i];
-                dot = warp_sum(dot);
-                if (lane == 0) sc[h * ATT_TILE + j] = dot * scale;
-            }
-        }
-        __syncthreads();
-        for (int h = warp; h < G; h += nw) {
-            float mx = -INFINITY;
-            for (int j = lane; j < n; j += 32)
-                mx = fmaxf(mx, sc[h * ATT_TILE + j]);
-            const float m_new = fmaxf(m[h], warp_max(mx));
-            float sum = 0.0f;
-            for (int j = lane; j < n; j += 32) {
-                const float e = expf(sc[h * ATT_TILE + j] - m_new);
-                sc[h * ATT_TILE + j] = e;
-                sum += e;
-            }
-            sum = warp_sum(sum);
-            if (lane == 0) {
-                corr[h] = expf(m[h] - m_new); /* 0 on the first tile */
-                l[h] = l[h] * corr[h] + sum;
-                m[h] = m_new;
-            }
-        }
-        __syncthreads();
-#pragma unroll
-        for (int jd = 0; jd < 2; jd++) {
-            const int d = tid + jd * nt;
-            if (d >= hd) continue;
-#pragma unroll
-            for (int h = 0; h < ATT_MAX_G; h++)
-                if (h < G) acc[jd][h] *= corr[h];
-            for (int j = 0; j < n; j++) {
-                const float v = values[(int64_t)(p0 + j) * kv_dim + d];
-#pragma unroll
-                for (int h = 0; h < ATT_MAX_G; h++)
-                    if (h < G) acc[jd][h] += sc[h * ATT_TILE + j] * v;
-            }
-        }
-        __syncthreads(); /* the next tile overwrites sc */
+    const int G = a.n_heads / a.n_kv, hd = a.hd, g = blockIdx.y, QT = attention_tokens(G), q0 = blockIdx.x * QT;
+    const int R = min(QT, T - q0) * G, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int kv_dim = a.n_kv * hd, q_dim = a.n_heads * hd, hp = hd + 1, last = a.pos + q0 + R / G; /* keys < last */
+    float *qs = sm, *ks = qs + ATT_ROWS * hp, *vs = ks + ATT_TILE * hp, *sc = vs + ATT_TILE * hd, *m = sc + ATT_ROWS * ATT_TILE,
+          *l = m + ATT_ROWS, *corr = l + ATT_ROWS;
+    for (int i = tid; i < R * hd; i += ATT_THREADS) {
+        const int r = i / hd, d = i - r * hd;
+        qs[r * hp + d] = a.qkv[(int64_t)(q0 + r / G) * a.qkv_stride + (g * G + r % G) * hd + d];
     }
-    float *out = a.out + (int64_t)t * a.n_heads * hd + g * G * hd;
+    if (tid < R) m[tid] = -INFINITY, l[tid] = 0.0f;
+    const int row_groups = ATT_THREADS / hd, d_own = tid % hd, r_own = tid / hd; /* the values' rows */
+    float acc[SLOTS];
 #pragma unroll
-    for (int jd = 0; jd < 2; jd++) {
-        const int d = tid + jd * nt;
-        if (d >= hd) continue;
+    for (int k = 0; k < SLOTS; k++)
+        acc[k] = 0.0f;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int k0 = 0; k0 < last; k0 += ATT_TILE) {
+        const int n = min(ATT_TILE, last - k0);
+        __syncthreads(); /* the tile before is done with ks, vs and sc */
+        for (int i = tid; i < n * hd; i += ATT_THREADS) {
+            const int j = i / hd, d = i - j * hd;
+            const int64_t at = (int64_t)(k0 + j) * kv_dim + g * hd + d;
+            ks[j * hp + d] = a.k_cache[at];
+            vs[j * hd + d] = a.v_cache[at];
+        }
+        __syncthreads();
+        const int tx = tid & 7, ty = tid >> 3;
+        for (int r = ty; r < R; r += ATT_THREADS / 8) {
+            float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int d = 0; d < hd; d++) {
+                const float q = qs[r * hp + d];
 #pragma unroll
-        for (int h = 0; h < ATT_MAX_G; h++)
-            if (h < G) out[h * hd + d] = acc[jd][h] / l[h];
+                for (int i = 0; i < 4; i++)
+                    dot[i] += q * ks[(tx + 8 * i) * hp + d];
+            }
+            const int visible = a.pos + q0 + r / G + 1 - k0; /* keys of this tile the row sees */
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = tx + 8 * i;
+                sc[r * ATT_TILE + j] = j < n && j < visible ? dot[i] * scale : -INFINITY;
+            }
+        }
+        __syncthreads();
+        for (int r = warp; r < R; r += ATT_THREADS / 32) {
+            const float s = sc[r * ATT_TILE + lane], m_new = fmaxf(m[r], warp_max(s));
+            const float e = s == -INFINITY ? 0.0f : expf(s - m_new); /* m_new is finite: key 0 is in every row */
+            sc[r * ATT_TILE + lane] = e;
+            const float sum = warp_sum(e);
+            if (lane == 0) {
+                corr[r] = expf(m[r] - m_new); /* 0 on the first tile */
+                l[r] = l[r] * corr[r] + sum;
+                m[r] = m_new;
+            }
+        }
+        __syncthreads();
+        if (r_own >= row_groups) continue;
+#pragma unroll
+        for (int k = 0; k < SLOTS; k++) {
+            const int r = r_own + k * row_groups;
+            if (r < R) acc[k] *= corr[r];
+        }
+        for (int j = 0; j < n; j++) {
+            const float v = vs[j * hd + d_own];
+#pragma unroll
+            for (int k = 0; k < SLOTS; k++) {
+                const int r = r_own + k * row_groups;
+                if (r < R) acc[k] += sc[r * ATT_TILE + j] * v;
+            }
+        }
+    }
+    if (r_own >= row_groups) return;
+#pragma unroll
+    for (int k = 0; k < SLOTS; k++) {
+        const int r = r_own + k * row_groups;
+        if (r < R) a.out[(int64_t)(q0 + r / G) * q_dim + (g * G + r % G) * hd + d_own] = acc[k] / l[r];
     }
 }
 
 /* Both launches: the chunk's keys and values into the cache, then attention. */
 static void launch_attention(const prefill_attn *a, int T, cudaStream_t st) {
     LAUNCH(qk_prepare_kernel, T, ROW_THREADS, 0, st, *a);
-    LAUNCH(attention_kernel, dim3(T, a->n_kv), ATT_THREADS, attention_smem(a->n_heads / a->n_kv, a->hd), st, *a);
+    const int QT = attention_tokens(a->n_heads / a->n_kv);
+    const size_t smem = attention_smem(a->hd);
+    const dim3 grid((T + QT - 1) / QT, a->n_kv);
+    /* a failure to allow the shared memory fails the launch */
+    if (a->hd <= 128) {
+        (void)cudaFuncSetAttribute(attention_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        LAUNCH(attention_kernel<32>, grid, ATT_THREADS, smem, st, *a, T);
+    } else {
+        (void)cudaFuncSetAttribute(attention_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        LAUNCH(attention_kernel<64>, grid, ATT_THREADS, smem, st, *a, T);
+    }
 }
 
 #ifndef MOE_CUDA_SIM
