@@ -11,13 +11,17 @@
  * by index (the embedding of a chunk's tokens) are a slab whose "experts"
  * are one row each (expert_stride = row_stride).
  *
- * A block takes a chunk of up to DQ_CHUNK elements of one row: its threads
- * dequantize the chunk's units into shared memory, then write the chunk
- * with coalesced stores, as f32 or as bf16 rounded to nearest even. A chunk
- * is whole format blocks, so its body and meta pointers are a valid row
- * start for F::load with unit indices counted from the chunk (every
- * format's load addresses its block as body + (u / UNITS) * BODY and
- * meta + (u / UNITS) * META).
+ * A block takes a chunk of up to DQ_CHUNK elements of each of a few rows
+ * (as many as give every thread a unit: a chunk of a 768-wide row has 24
+ * Q4_K units, so 10 rows; of a 2048-wide one, 64 and 4 rows), dequantizes
+ * their units into shared memory, then writes the chunks with coalesced
+ * 16-byte stores, as f32 or as bf16 rounded to nearest even. One row a
+ * block left three quarters of the threads idle while the units loaded and
+ * ran the experts' dequantization at 0.9 TB/s, half of pp512's time
+ * (bench/results/2026-12-03-s18). A chunk is whole format blocks, so its
+ * body and meta pointers are a valid row start for F::load with unit
+ * indices counted from the chunk (every format's load addresses its block
+ * as body + (u / UNITS) * BODY and meta + (u / UNITS) * META).
  */
 #ifndef MOE_CUDA_DEQUANT_CUH
 #define MOE_CUDA_DEQUANT_CUH
@@ -26,6 +30,7 @@
 #include "cuda/cuda_internal.h"
 
 #define DQ_CHUNK   2048
+#define DQ_VALUES  8192 /* floats of shared memory a block: 32 KB */
 #define DQ_THREADS 256
 
 /* f32 -> bf16 bits, round to nearest even; a NaN stays a (quiet) NaN. */
@@ -35,38 +40,61 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+__device__ __forceinline__ unsigned bf16_pair(float a, float b) {
+    return f32_to_bf16_bits(a) | (unsigned)f32_to_bf16_bits(b) << 16;
+}
+
+/* Rows a block dequantizes: one unit a thread, within DQ_VALUES. */
+template <class F>
+inline int dequant_rows_per_block(const dmat &m) {
+    const int chunk = m.cols < DQ_CHUNK ? m.cols : DQ_CHUNK, units = chunk / F::BLOCK * F::UNITS;
+    int rows = DQ_THREADS / units;
+    if (rows > DQ_VALUES / chunk) rows = DQ_VALUES / chunk;
+    if (rows > m.rows) rows = m.rows;
+    return rows < 1 ? 1 : rows;
+}
+
 template <class F>
 __global__ void __launch_bounds__(DQ_THREADS)
-    dequant_kernel(const dmat m, const int *experts, int64_t out_stride, void *out, bool bf16) {
-    __shared__ float chunk_vals[DQ_CHUNK];
+    dequant_kernel(const dmat m, const int *experts, int64_t out_stride, void *out, bool bf16, int rows_per_block) {
+    __shared__ float4 vals4[DQ_VALUES / 4]; /* float4: aligned for the stores' reads */
+    float *vals = (float *)vals4;
     const int chunks = (m.cols + DQ_CHUNK - 1) / DQ_CHUNK;
-    const int row = blockIdx.x / chunks, first = (blockIdx.x - row * chunks) * DQ_CHUNK;
-    const int n = min(DQ_CHUNK, m.cols - first), first_block = first / F::BLOCK;
+    const int row0 = blockIdx.x / chunks * rows_per_block, first = (blockIdx.x % chunks) * DQ_CHUNK;
+    const int rows = min(rows_per_block, m.rows - row0);
+    const int n = min(DQ_CHUNK, m.cols - first), first_block = first / F::BLOCK, units = n / F::BLOCK * F::UNITS;
     const int64_t e = experts ? experts[blockIdx.y] : blockIdx.y;
-    const uint8_t *body = m.body + e * m.expert_stride + row * m.row_stride + (int64_t)first_block * F::BODY;
-    const uint8_t *meta = m.meta + e * m.meta_expert_stride + row * m.meta_row_stride + (int64_t)first_block * F::META;
-    const int units = n / F::BLOCK * F::UNITS;
-    for (int u = threadIdx.x; u < units; u += blockDim.x)
-        F::dequant(F::load(body, meta, u), u, chunk_vals);
+    for (int t = threadIdx.x; t < rows * units; t += blockDim.x) {
+        const int r = t / units, u = t - r * units;
+        const int64_t row = row0 + r;
+        const uint8_t *body = m.body + e * m.expert_stride + row * m.row_stride + (int64_t)first_block * F::BODY;
+        const uint8_t *meta =
+            m.meta + e * m.meta_expert_stride + row * m.meta_row_stride + (int64_t)first_block * F::META;
+        F::dequant(F::load(body, meta, u), u, vals + r * n);
+    }
     __syncthreads();
-    const int64_t at = blockIdx.y * out_stride + (int64_t)row * m.cols + first;
-    if (bf16) { /* n is a multiple of 32: whole pairs */
-        unsigned *o = (unsigned *)((uint16_t *)out + at);
-        for (int i = 2 * threadIdx.x; i < n; i += 2 * blockDim.x)
-            o[i / 2] = f32_to_bf16_bits(chunk_vals[i]) | (unsigned)f32_to_bf16_bits(chunk_vals[i + 1]) << 16;
-    } else {
-        float *o = (float *)out + at;
-        for (int i = threadIdx.x; i < n; i += blockDim.x)
-            o[i] = chunk_vals[i];
+    /* n is a multiple of 32, so each row's chunk is whole groups of 8 */
+    for (int i = 8 * threadIdx.x; i < rows * n; i += 8 * blockDim.x) {
+        const int r = i / n, c = i - r * n;
+        const int64_t at = blockIdx.y * out_stride + (int64_t)(row0 + r) * m.cols + first + c;
+        const float4 a = *(const float4 *)(vals + i), b = *(const float4 *)(vals + i + 4);
+        if (bf16) {
+            uint4 o;
+            o.x = bf16_pair(a.x, a.y), o.y = bf16_pair(a.z, a.w), o.z = bf16_pair(b.x, b.y), o.w = bf16_pair(b.z, b.w);
+            *(uint4 *)((uint16_t *)out + at) = o;
+        } else {
+            float4 *o = (float4 *)((float *)out + at);
+            o[0] = a, o[1] = b;
+        }
     }
 }
 
 template <class F>
 void launch_dequant(const dmat *m, const int *experts, int n, void *out, int64_t out_stride, bool bf16,
                     cudaStream_t st) {
-    const int chunks = (m->cols + DQ_CHUNK - 1) / DQ_CHUNK;
-    LAUNCH(dequant_kernel<F>, dim3((unsigned)(m->rows * chunks), (unsigned)n), DQ_THREADS, 0, st, *m, experts,
-           out_stride, out, bf16);
+    const int chunks = (m->cols + DQ_CHUNK - 1) / DQ_CHUNK, rows = dequant_rows_per_block<F>(*m);
+    const unsigned blocks = (unsigned)((m->rows + rows - 1) / rows * chunks);
+    LAUNCH(dequant_kernel<F>, dim3(blocks, (unsigned)n), DQ_THREADS, 0, st, *m, experts, out_stride, out, bf16, rows);
 }
 
 #endif
