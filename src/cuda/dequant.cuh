@@ -15,13 +15,16 @@
  * (as many as give every thread a unit: a chunk of a 768-wide row has 24
  * Q4_K units, so 10 rows; of a 2048-wide one, 64 and 4 rows), dequantizes
  * their units into shared memory, then writes the chunks with coalesced
- * 16-byte stores, as f32 or as bf16 rounded to nearest even. One row a
- * block left three quarters of the threads idle while the units loaded and
- * ran the experts' dequantization at 0.9 TB/s, half of pp512's time
- * (bench/results/2026-12-03-s18). A chunk is whole format blocks, so its
- * body and meta pointers are a valid row start for F::load with unit
- * indices counted from the chunk (every format's load addresses its block
- * as body + (u / UNITS) * BODY and meta + (u / UNITS) * META).
+ * 16-byte stores, as f32 or as bf16 rounded to nearest even. (One row a
+ * block, three quarters of the threads idle while the units loaded, took
+ * 81 ms of pp512's 165 on Qwen3-30B-A3B; this takes 78, about 1 TB/s
+ * read and written: bench/results/2026-12-03-s18. The suspect now is the
+ * shared-memory writes: a K-quant unit writes runs of 16 floats that start
+ * on bank 0 or 16 in every lane, a 16-way conflict a store.) A chunk is
+ * whole format blocks, so its body and meta pointers are a valid row start
+ * for F::load with unit indices counted from the chunk (every format's
+ * load addresses its block as body + (u / UNITS) * BODY and
+ * meta + (u / UNITS) * META).
  */
 #ifndef MOE_CUDA_DEQUANT_CUH
 #define MOE_CUDA_DEQUANT_CUH

@@ -23,8 +23,8 @@
  * Weights stay quantized in memory: each matrix (or the experts of a
  * batch) is dequantized to bf16 into one reusable scratch just before its
  * GEMM (the format table's dequant, dequant.cuh), which costs a read of
- * the quantized weights and a write and read of bf16 per chunk, small
- * next to the GEMMs' work from T >= 64 on. Experts are dequantized only
+ * the quantized weights and a write and read of bf16 per chunk (more than
+ * the GEMMs themselves up to 512 tokens: below). Experts are dequantized only
  * when some token of the chunk chose them. That cost is why short runs
  * stay with the decode step: a chunk of a MoE model costs about the same
  * once most experts are chosen (three dequantizations and GEMM calls per
@@ -34,7 +34,11 @@
  * batched, 2.2 ms a token through the decode step: pp64 366 tok/s batched
  * against 458 token by token, pp128 731 against 450, so the crossover is
  * near 80 = 5 x 128 / 8. Dense models go batched from
- * PREFILL_MIN_TOKENS.
+ * PREFILL_MIN_TOKENS. Where a chunk's time goes is `moe bench --profile`'s
+ * prefill table (cuda_prefill_profile_run): at 512 tokens, after the
+ * eighteenth session (bench/results/2026-12-03-s18), the experts'
+ * dequantization is half of it (78 of 150 ms), the attention 26, the
+ * experts' products 32.
  *
  * Grouping by expert needs the routing on the host (each expert's GEMM
  * has its token count as a dimension): one copy and one stream sync per
