@@ -9,7 +9,7 @@
 #ifndef MOE_CUBLAS_SIM_H
 #define MOE_CUBLAS_SIM_H
 
-#include "cuda/cuda_sim.h"
+#include "cuda/dequant.cuh" /* f32_to_bf16_bits; bf16_bits_to_f32 from cuda_compat.cuh */
 
 #define CUBLAS_VERSION 130100 /* as the CUDA 13 the real build uses: it has the grouped call */
 
@@ -36,22 +36,12 @@ static inline const char *cublasGetStatusName(cublasStatus_t s) {
 /* Element (i, j) of a column-major matrix of `type` at p, leading dimension ld. */
 static inline float cublas_sim_at(const void *p, cudaDataType_t type, int64_t i, int64_t j, int ld) {
     const int64_t at = i + j * ld;
-    if (type == CUDA_R_32F) return ((const float *)p)[at];
-    uint32_t bits = (uint32_t)((const uint16_t *)p)[at] << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
+    return type == CUDA_R_32F ? ((const float *)p)[at] : bf16_bits_to_f32(((const uint16_t *)p)[at]);
 }
 
 static inline void cublas_sim_put(void *p, cudaDataType_t type, int64_t at, float v) {
-    if (type == CUDA_R_32F) {
-        ((float *)p)[at] = v;
-        return;
-    }
-    uint32_t u;
-    memcpy(&u, &v, sizeof u);
-    ((uint16_t *)p)[at] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40u)
-                                                           : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    if (type == CUDA_R_32F) ((float *)p)[at] = v;
+    else ((uint16_t *)p)[at] = f32_to_bf16_bits(v);
 }
 
 /* C = alpha op(A) op(B) + beta C: op(A) m x k, op(B) k x n, C m x n. */
