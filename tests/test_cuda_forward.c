@@ -454,6 +454,80 @@ static void test_batched_prefill(void) {
     }
 }
 
+/* The profile of `moe bench --profile`'s prefill table, with the experts'
+ * products grouped (MOE_CUDA_GROUPED=1) or a call per expert (=0). */
+static moe_status profile_with(cuda_model *g, const int32_t *ids, int n, const char *grouped,
+                               cuda_prefill_profile *out, moe_error *err) {
+    setenv("MOE_CUDA_GROUPED", grouped, 1); /* read when the state's prefill scratch is made */
+    cuda_state *s = NULL;
+    moe_status st = cuda_state_new(g, n + 1, NULL, &s, err);
+    if (st == MOE_OK) st = cuda_prefill_profile_run(s, ids, n, out, err);
+    cuda_state_free(s);
+    unsetenv("MOE_CUDA_GROUPED");
+    return st;
+}
+
+/* cuda_prefill_profile_run on a tiny MoE model: its phases add up to no
+ * more than the prompt, every layer makes one q|k|v, one o and one router
+ * call, the experts' products are fewer calls grouped than one an expert,
+ * and both ways give the same logits. A prompt too short for the batched
+ * prefill is refused. */
+static void test_prefill_profile(void) {
+    if (getenv("MOE_TEST_SKIP_SYNTH")) return;
+    char path[256];
+    model_path(path, sizeof path, "tiny", "qwen3moe", "f32");
+    if (!synth_file("tiny", "qwen3moe", false, "f32", path)) return;
+    model *m = load_unlinked(path);
+    cuda_model *g = NULL;
+    moe_error err = {0};
+    CHECKF(m && cuda_model_new(m, &g, &err) == MOE_OK, "%s", err.message);
+    if (!g) {
+        model_free(m);
+        return;
+    }
+    const int n = 64, layers = m->config.n_layers, vocab = m->config.n_vocab;
+    int32_t ids[64];
+    tokens_for(ids, n, vocab, 99);
+    cuda_prefill_profile grouped, each;
+    CHECKF(profile_with(g, ids, n, "1", &grouped, &err) == MOE_OK, "%s", err.message);
+    CHECKF(profile_with(g, ids, n, "0", &each, &err) == MOE_OK, "%s", err.message);
+    double sum = 0.0;
+    for (int k = 0; k < CUDA_PF_COUNT; k++) {
+        CHECKF(grouped.ms[k] >= 0.0 && grouped.names[k], "phase %d: %g ms", k, grouped.ms[k]);
+        sum += grouped.ms[k];
+    }
+    CHECKF(grouped.tokens == n && sum > 0.0 && sum <= grouped.total_ms, "phases %g ms of a prompt of %g", sum,
+           grouped.total_ms);
+    CHECK(grouped.calls[CUDA_PF_QKV] == layers && grouped.calls[CUDA_PF_O] == layers &&
+          grouped.calls[CUDA_PF_ROUTE] == layers);
+    CHECKF(grouped.calls[CUDA_PF_EXPERT_UP] >= layers && grouped.calls[CUDA_PF_EXPERT_DOWN] ==
+                                                            grouped.calls[CUDA_PF_EXPERT_UP],
+           "grouped: %d gate|up and %d down calls", grouped.calls[CUDA_PF_EXPERT_UP],
+           grouped.calls[CUDA_PF_EXPERT_DOWN]);
+    CHECKF(each.calls[CUDA_PF_EXPERT_UP] > grouped.calls[CUDA_PF_EXPERT_UP] &&
+               each.calls[CUDA_PF_EXPERT_DOWN] == each.calls[CUDA_PF_EXPERT_UP],
+           "a call per expert: %d gate|up and %d down calls, grouped %d", each.calls[CUDA_PF_EXPERT_UP],
+           each.calls[CUDA_PF_EXPERT_DOWN], grouped.calls[CUDA_PF_EXPERT_UP]);
+    cuda_state *a = NULL, *b = NULL;
+    setenv("MOE_CUDA_GROUPED", "0", 1);
+    float *got_each = prefill_logits(g, m, ids, n, 0, &b);
+    unsetenv("MOE_CUDA_GROUPED");
+    float *got_grouped = prefill_logits(g, m, ids, n, 0, &a);
+    int ties = 0;
+    check_rows(got_each, got_grouped, n, vocab, true, prefill_tol(layers), "tiny qwen3moe f32",
+               "position (a call per expert against grouped)", &ties);
+    cuda_prefill_profile short_prompt;
+    CHECK(cuda_prefill_profile_run(a, ids, 4, &short_prompt, &err) == MOE_ERR_UNSUPPORTED);
+    printf("  tiny qwen3moe f32 profile: %d phases in %.1f ms; expert calls %d grouped, %d one an expert\n",
+           CUDA_PF_COUNT, grouped.total_ms, grouped.calls[CUDA_PF_EXPERT_UP], each.calls[CUDA_PF_EXPERT_UP]);
+    cuda_state_free(a);
+    cuda_state_free(b);
+    free(got_each);
+    free(got_grouped);
+    cuda_model_free(g);
+    model_free(m);
+}
+
 static void test_model_file(void) {
     const char *path = getenv("MOE_TEST_MODEL");
     if (!path || !*path) {
@@ -523,6 +597,7 @@ int main(void) {
     RUN(test_synthetic_models);
     RUN(test_timeline);
     RUN(test_batched_prefill);
+    RUN(test_prefill_profile);
     RUN(test_model_file);
     return test_summary();
 }
