@@ -58,7 +58,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda/kernels.cuh"
 #include "cuda/prefill.h"
@@ -577,19 +576,13 @@ static void dequant(const cuda_state *s, const dmat *m, const int *experts, int 
     cuda_format_of(m->type)->dequant(m, experts, n, out, out_stride, bf16, s->stream);
 }
 
-static double seconds_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + t.tv_nsec * 1e-9;
-}
-
 /* With a profile on (cuda_prefill_profile_run): the phase just submitted,
  * waited for and timed from the end of the one before. */
 static moe_status phase_done(cuda_state *s, int phase, moe_error *err) {
     prefill_scratch *p = s->prefill;
     if (!p->prof) return MOE_OK;
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
-    const double now = seconds_now();
+    const double now = monotonic_seconds();
     p->prof->ms[phase] += (now - p->phase_start) * 1e3;
     p->prof->calls[phase] += p->calls;
     p->phase_start = now;
@@ -890,10 +883,10 @@ moe_status cuda_prefill_profile_run(cuda_state *s, const int32_t *tokens, int n,
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
     p->prof = out;
     p->calls = 0;
-    p->phase_start = seconds_now();
+    p->phase_start = monotonic_seconds();
     const double t0 = p->phase_start;
     st = cuda_prefill(s, tokens, n, 0, NULL, false, err);
-    out->total_ms = (seconds_now() - t0) * 1e3;
+    out->total_ms = (monotonic_seconds() - t0) * 1e3;
     p->prof = NULL;
     return st;
 }
