@@ -72,10 +72,18 @@ __device__ __forceinline__ void k_unit_dequant(const uint4 &h, const unsigned lo
     const float s0 = d * (sm & 0xff), n0 = dmin * ((sm >> 16) & 0xff), s1 = d * ((sm >> 8) & 0xff),
                 n1 = dmin * (sm >> 24);
     float *y = out + b * 256 + 64 * g + 16 * hh;
+    /* Each pair of lanes starts its run at another of the 16 places: the
+     * runs of a warp's units start on bank 0 or 16 (hh), so in order every
+     * store of the warp would hit two banks (16-way conflicts writing to
+     * shared memory, dequant.cuh); rotated, its 32 lanes hit 32. */
+    const int rot = (threadIdx.x >> 1) & 15;
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        y[i] = s0 * (float)((lo[i >> 2] >> (8 * (i & 3))) & 0xff) - n0;
-        y[32 + i] = s1 * (float)((hi[i >> 2] >> (8 * (i & 3))) & 0xff) - n1;
+    for (int k = 0; k < 16; k++) {
+        const int i = (k + rot) & 15, w = i >> 2, shift = 8 * (i & 3);
+        const unsigned lw = w == 0 ? lo[0] : w == 1 ? lo[1] : w == 2 ? lo[2] : lo[3];
+        const unsigned hw = w == 0 ? hi[0] : w == 1 ? hi[1] : w == 2 ? hi[2] : hi[3];
+        y[i] = s0 * (float)((lw >> shift) & 0xff) - n0;
+        y[32 + i] = s1 * (float)((hw >> shift) & 0xff) - n1;
     }
 }
 
