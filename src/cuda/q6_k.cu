@@ -85,8 +85,14 @@ struct fmt_q6_k : smem_act<fmt_q6_k> {
             codes(r, k, q);
             const float s = d * (float)scale(r, hf, k, l0 >> 4);
             float *y = out + blk * 256 + 128 * hf + 32 * k + l0;
+            /* rotated per lane pair, as k_unit_dequant's runs (k_quant.cuh) */
+            const int rot = (threadIdx.x >> 1) & 15;
 #pragma unroll
-            for (int i = 0; i < 16; i++) y[i] = s * (float)((int)((q[i >> 2] >> (8 * (i & 3))) & 0xff) - 32);
+            for (int j = 0; j < 16; j++) {
+                const int i = (j + rot) & 15, w = i >> 2;
+                const unsigned qw = w == 0 ? q[0] : w == 1 ? q[1] : w == 2 ? q[2] : q[3];
+                y[i] = s * (float)((int)((qw >> (8 * (i & 3))) & 0xff) - 32);
+            }
         }
     }
 };
