@@ -27,9 +27,13 @@ struct fmt_q4_0 : fp16_scale_block<16>, smem_act<fmt_q4_0> {
     static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         const float d = h2f((uint16_t)r.d);
         const unsigned w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+        /* every lane's run starts on bank 0: rotated per lane, 2-way instead of 32-way */
+        const int rot = threadIdx.x & 15;
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            unsigned byte = (w[j >> 2] >> (8 * (j & 3))) & 0xff;
+        for (int i = 0; i < 16; i++) {
+            const int j = (i + rot) & 15, k = j >> 2;
+            const unsigned wk = k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
+            const unsigned byte = (wk >> (8 * (j & 3))) & 0xff;
             out[32 * u + j] = (float)((int)(byte & 15) - 8) * d;
             out[32 * u + 16 + j] = (float)((int)(byte >> 4) - 8) * d;
         }

@@ -25,8 +25,13 @@ struct fmt_q8_0 : fp16_scale_block<32>, smem_act<fmt_q8_0> {
     static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         const float d = h2f((uint16_t)r.d);
         const unsigned w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+        const int rot = (threadIdx.x >> 1) & 15; /* runs rotated per lane pair, as k_unit_dequant's */
 #pragma unroll
-        for (int i = 0; i < 16; i++) out[16 * u + i] = (float)(int8_t)((w[i >> 2] >> (8 * (i & 3))) & 0xff) * d;
+        for (int j = 0; j < 16; j++) {
+            const int i = (j + rot) & 15, k = i >> 2;
+            const unsigned wk = k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
+            out[16 * u + i] = (float)(int8_t)((wk >> (8 * (i & 3))) & 0xff) * d;
+        }
     }
 };
 
