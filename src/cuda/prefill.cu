@@ -1,6 +1,6 @@
 /*
- * prefill.cu — a prompt on the GPU in chunks of up to PREFILL_CHUNK tokens
- * that go through each layer together, every matrix product a tensor-core
+ * prefill.cu — a prompt on the GPU in chunks of 512 to 2048 tokens
+ * (pass_tokens) that go through each layer together, every matrix product a tensor-core
  * GEMM (cuBLAS: bf16 operands, f32 accumulation and output), instead of
  * one decode step per token. Per chunk of T tokens:
  *
@@ -68,7 +68,9 @@
 #include <cublas_v2.h>
 #endif
 
-#define PREFILL_CHUNK        512                /* tokens per pass through the layers */
+#define PREFILL_CHUNK        512                /* tokens per pass through the layers, at least */
+#define PREFILL_CHUNK_MAX    2048               /* and at most: see pass_tokens */
+#define PREFILL_SCRATCH_PART 0.05               /* of the weights' bytes, that a longer pass may take */
 #define PREFILL_MIN_TOKENS   16                 /* fewer go through the decode step (see the top) */
 #define PREFILL_EXPERT_BYTES ((int64_t)256 << 20) /* bf16 scratch for one batch of experts: a few % of a 17 GB model */
 #define ROW_THREADS          256
@@ -502,15 +504,34 @@ static bool set_up_expert_gemms(expert_gemms *g, const model_config *c) {
     return true;
 }
 
+/* Tokens a pass through the layers takes (p->cap) and the scratch's bytes
+ * for it. Each pass dequantizes every expert its tokens chose anew, half
+ * of a 512-token pass of Qwen3-30B-A3B (bench/decode-plan.md, fact 56), so
+ * a pass is as long as the context allows up to PREFILL_CHUNK_MAX, while
+ * its scratch stays within PREFILL_SCRATCH_PART of the weights (at least
+ * PREFILL_CHUNK tokens whatever it takes). MOE_CUDA_PREFILL_CHUNK=N caps
+ * it lower: the tests' way to run one prompt in several passes. */
+static size_t pass_tokens(cuda_state *s, prefill_scratch *p) {
+    const char *v = getenv("MOE_CUDA_PREFILL_CHUNK");
+    const int most = v && atoi(v) >= PREFILL_MIN_TOKENS ? atoi(v) : PREFILL_CHUNK_MAX;
+    const double budget = PREFILL_SCRATCH_PART * (double)cuda_model_bytes(s->g);
+    size_t bytes = 0;
+    for (int cap = PREFILL_CHUNK_MAX; cap >= PREFILL_MIN_TOKENS; cap /= 2) {
+        p->cap = s->n_ctx < cap ? s->n_ctx : cap;
+        if (p->cap > most) continue;
+        lay_out(s, p, NULL, &bytes);
+        if ((double)bytes <= budget || p->cap <= PREFILL_CHUNK) break;
+    }
+    return bytes;
+}
+
 static moe_status make_scratch(cuda_state *s, moe_error *err) {
     const model_config *c = &s->m->config;
     prefill_scratch *p = (prefill_scratch *)calloc(1, sizeof *p);
     if (!p) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
-    p->cap = s->n_ctx < PREFILL_CHUNK ? s->n_ctx : PREFILL_CHUNK;
     p->k = c->n_experts ? c->n_experts_used : 1;
     p->w16_elems = weight_scratch(c, &p->batch_experts);
-    size_t bytes = 0;
-    lay_out(s, p, NULL, &bytes);
+    size_t bytes = pass_tokens(s, p);
     const size_t R = (size_t)p->cap * p->k, E = c->n_experts;
     cudaError_t e = cudaMalloc(&p->mem, bytes);
     if (e == cudaSuccess && E) e = cudaMallocHost(&p->host, (3 * R + E) * sizeof(int));
