@@ -139,9 +139,10 @@ if [ "${MOE_TESTS:-1}" = 1 ] && [ -x "$BUILD/tests/test_engine" ]; then
     step engine 60 "$OUT/forward.log" "$BUILD/tests/test_engine"
 fi
 if [ "${MOE_TESTS:-1}" = 1 ] && [ -x "$BUILD/tests/test_cuda_forward" ]; then
-    # the batched prefill with a cuBLAS call per expert, as builds without
-    # the grouped call run it (after engine: results.md counts the lines)
-    step forward_ungrouped 200 "$OUT/forward.log" env MOE_CUDA_GROUPED=0 "$BUILD/tests/test_cuda_forward"
+    # the batched prefill with the experts dequantized and a cuBLAS call
+    # per expert, as builds without the grouped call run it (after engine:
+    # results.md counts the lines)
+    step forward_each 200 "$OUT/forward.log" env MOE_CUDA_EXPERTS=each "$BUILD/tests/test_cuda_forward"
 fi
 
 if [ -n "${SYNTH_PID:-}" ]; then
@@ -230,14 +231,14 @@ fi
     echo
     echo "| step | exit | what |"
     echo "| --- | --- | --- |"
-    for s in configure build kernels forward forward_decode golden_gpu engine forward_ungrouped bench lab reference_spread forward30b run_cuda run_cuda_sampled bench_json at_scale; do
+    for s in configure build kernels forward forward_decode golden_gpu engine forward_each bench lab reference_spread forward30b run_cuda run_cuda_sampled bench_json at_scale; do
         echo "| $s | ${STATUS[$s]:-not run} | $(case $s in
             kernels) grep -E "passed|FAIL" "$OUT/kernels.log" 2>/dev/null | tail -1 ;;
             forward) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | head -1 ;;
             forward_decode) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | sed -n 2p ;;
             golden_gpu) grep -E "^golden on the GPU" "$OUT/forward.log" 2>/dev/null | tail -1 ;;
             engine) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | sed -n 3p ;;
-            forward_ungrouped) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | sed -n 4p ;;
+            forward_each) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | sed -n 4p ;;
             reference_spread) grep -E " vs avx512:" "$OUT/forward30b.log" 2>/dev/null | tr '\n' ' ' | cut -c1-200 ;;
             forward30b) grep -E "worst rel L2|passed" "$OUT/forward30b.log" 2>/dev/null | grep -v " vs avx512:" | tr '\n' ' ' | cut -c1-200 ;;
             run_cuda) grep -E "tok/s" "$OUT/forward.log" 2>/dev/null | tail -2 | head -1 | cut -c1-200 ;;

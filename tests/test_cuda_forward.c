@@ -458,26 +458,48 @@ static void test_batched_prefill(void) {
     }
 }
 
-/* The profile of `moe bench --profile`'s prefill table, with the experts'
- * products grouped (MOE_CUDA_GROUPED=1) or a call per expert (=0). */
-static moe_status profile_with(cuda_model *g, const int32_t *ids, int n, const char *grouped,
+/* The profile of `moe bench --profile`'s prefill table, the experts'
+ * products run one way (MOE_CUDA_EXPERTS: fused, grouped or each). */
+static moe_status profile_with(cuda_model *g, const int32_t *ids, int n, const char *experts,
                                cuda_prefill_profile *out, moe_error *err) {
-    setenv("MOE_CUDA_GROUPED", grouped, 1); /* read when the state's prefill scratch is made */
+    setenv("MOE_CUDA_EXPERTS", experts, 1); /* read when the state's prefill scratch is made */
     cuda_state *s = NULL;
     moe_status st = cuda_state_new(g, n + 1, NULL, &s, err);
     if (st == MOE_OK) st = cuda_prefill_profile_run(s, ids, n, out, err);
     cuda_state_free(s);
-    unsetenv("MOE_CUDA_GROUPED");
+    unsetenv("MOE_CUDA_EXPERTS");
     return st;
 }
 
-/* cuda_prefill_profile_run on a tiny MoE model: its phases add up to no
- * more than the prompt, every layer makes one q|k|v, one o and one router
- * call, the experts' products are fewer calls grouped than one an expert,
- * and both ways give the same logits. A prompt too short for the batched
+/* The chunk's logits with the experts' products run one way. */
+static float *logits_with(cuda_model *g, const model *m, const int32_t *ids, int n, const char *experts,
+                          cuda_state **keep) {
+    setenv("MOE_CUDA_EXPERTS", experts, 1);
+    float *got = prefill_logits(g, m, ids, n, 0, keep);
+    unsetenv("MOE_CUDA_EXPERTS");
+    return got;
+}
+
+/* The profile's phases add up to no more than the prompt, and every layer
+ * makes one q|k|v, one o and one router call. */
+static void check_phases(const cuda_prefill_profile *p, int n, int layers) {
+    double sum = 0.0;
+    for (int k = 0; k < CUDA_PF_COUNT; k++) {
+        CHECKF(p->ms[k] >= 0.0 && p->names[k], "phase %d: %g ms", k, p->ms[k]);
+        sum += p->ms[k];
+    }
+    CHECKF(p->tokens == n && sum > 0.0 && sum <= p->total_ms, "phases %g ms of a prompt of %g", sum, p->total_ms);
+    CHECK(p->calls[CUDA_PF_QKV] == layers && p->calls[CUDA_PF_O] == layers && p->calls[CUDA_PF_ROUTE] == layers);
+}
+
+/* cuda_prefill_profile_run on a tiny MoE model, the experts' products run
+ * each of three ways: fused (one launch a product and layer, nothing
+ * dequantized), grouped calls, or fewer of those than a call per expert;
+ * all three give the same logits. A prompt too short for the batched
  * prefill is refused. */
 static void test_prefill_profile(void) {
-    if (getenv("MOE_TEST_SKIP_SYNTH")) return;
+    const char *batched = getenv("MOE_CUDA_PREFILL");
+    if (getenv("MOE_TEST_SKIP_SYNTH") || (batched && batched[0] == '0')) return; /* nothing to profile */
     char path[256];
     model_path(path, sizeof path, "tiny", "qwen3moe", "f32");
     if (!synth_file("tiny", "qwen3moe", false, "f32", path)) return;
@@ -492,18 +514,22 @@ static void test_prefill_profile(void) {
     const int n = 64, layers = m->config.n_layers, vocab = m->config.n_vocab;
     int32_t ids[64];
     tokens_for(ids, n, vocab, 99);
-    cuda_prefill_profile grouped, each;
-    CHECKF(profile_with(g, ids, n, "1", &grouped, &err) == MOE_OK, "%s", err.message);
-    CHECKF(profile_with(g, ids, n, "0", &each, &err) == MOE_OK, "%s", err.message);
-    double sum = 0.0;
-    for (int k = 0; k < CUDA_PF_COUNT; k++) {
-        CHECKF(grouped.ms[k] >= 0.0 && grouped.names[k], "phase %d: %g ms", k, grouped.ms[k]);
-        sum += grouped.ms[k];
+    cuda_prefill_profile fused, grouped, each;
+    bool profiled = profile_with(g, ids, n, "fused", &fused, &err) == MOE_OK;
+    profiled = profiled && profile_with(g, ids, n, "grouped", &grouped, &err) == MOE_OK;
+    profiled = profiled && profile_with(g, ids, n, "each", &each, &err) == MOE_OK;
+    CHECKF(profiled, "%s", err.message);
+    if (!profiled) {
+        cuda_model_free(g);
+        model_free(m);
+        return;
     }
-    CHECKF(grouped.tokens == n && sum > 0.0 && sum <= grouped.total_ms, "phases %g ms of a prompt of %g", sum,
-           grouped.total_ms);
-    CHECK(grouped.calls[CUDA_PF_QKV] == layers && grouped.calls[CUDA_PF_O] == layers &&
-          grouped.calls[CUDA_PF_ROUTE] == layers);
+    check_phases(&fused, n, layers);
+    check_phases(&grouped, n, layers);
+    CHECKF(fused.calls[CUDA_PF_EXPERT_UP] == layers && fused.calls[CUDA_PF_EXPERT_DOWN] == layers &&
+               fused.ms[CUDA_PF_EXPERT_DEQUANT] == 0.0,
+           "fused: %d gate|up and %d down calls, %g ms dequantizing", fused.calls[CUDA_PF_EXPERT_UP],
+           fused.calls[CUDA_PF_EXPERT_DOWN], fused.ms[CUDA_PF_EXPERT_DEQUANT]);
     CHECKF(grouped.calls[CUDA_PF_EXPERT_UP] >= layers && grouped.calls[CUDA_PF_EXPERT_DOWN] ==
                                                             grouped.calls[CUDA_PF_EXPERT_UP],
            "grouped: %d gate|up and %d down calls", grouped.calls[CUDA_PF_EXPERT_UP],
@@ -512,22 +538,25 @@ static void test_prefill_profile(void) {
                each.calls[CUDA_PF_EXPERT_DOWN] == each.calls[CUDA_PF_EXPERT_UP],
            "a call per expert: %d gate|up and %d down calls, grouped %d", each.calls[CUDA_PF_EXPERT_UP],
            each.calls[CUDA_PF_EXPERT_DOWN], grouped.calls[CUDA_PF_EXPERT_UP]);
-    cuda_state *a = NULL, *b = NULL;
-    setenv("MOE_CUDA_GROUPED", "0", 1);
-    float *got_each = prefill_logits(g, m, ids, n, 0, &b);
-    unsetenv("MOE_CUDA_GROUPED");
-    float *got_grouped = prefill_logits(g, m, ids, n, 0, &a);
+    cuda_state *a = NULL, *b = NULL, *c = NULL;
+    float *got_fused = logits_with(g, m, ids, n, "fused", &a), *got_grouped = logits_with(g, m, ids, n, "grouped", &b);
+    float *got_each = logits_with(g, m, ids, n, "each", &c);
     int ties = 0;
+    check_rows(got_fused, got_grouped, n, vocab, true, prefill_tol(layers), "tiny qwen3moe f32",
+               "position (fused against grouped)", &ties);
     check_rows(got_each, got_grouped, n, vocab, true, prefill_tol(layers), "tiny qwen3moe f32",
                "position (a call per expert against grouped)", &ties);
     cuda_prefill_profile short_prompt;
     CHECK(cuda_prefill_profile_run(a, ids, 4, &short_prompt, &err) == MOE_ERR_UNSUPPORTED);
-    printf("  tiny qwen3moe f32 profile: %d phases in %.1f ms; expert calls %d grouped, %d one an expert\n",
-           CUDA_PF_COUNT, grouped.total_ms, grouped.calls[CUDA_PF_EXPERT_UP], each.calls[CUDA_PF_EXPERT_UP]);
+    printf("  tiny qwen3moe f32 profile: %d phases in %.1f ms; expert calls %d fused, %d grouped, %d one an expert\n",
+           CUDA_PF_COUNT, fused.total_ms, fused.calls[CUDA_PF_EXPERT_UP], grouped.calls[CUDA_PF_EXPERT_UP],
+           each.calls[CUDA_PF_EXPERT_UP]);
     cuda_state_free(a);
     cuda_state_free(b);
-    free(got_each);
+    cuda_state_free(c);
+    free(got_fused);
     free(got_grouped);
+    free(got_each);
     cuda_model_free(g);
     model_free(m);
 }

@@ -303,6 +303,59 @@ static void test_dequant_every_type(void) {
     }
 }
 
+/* The fused expert GEMM of every type against the CPU's dequantized
+ * weights: two experts' tokens in tiles of 64 and a part (the first expert's
+ * rows past the last full tile), rows not a multiple of the kernel's 64,
+ * columns in several steps; both halves of the pair, f32 and bf16 out. */
+static void check_expert_gemm(moe_type type, int rows, int cols) {
+    enum { EXPERTS = 3, TOKENS = 150 };
+    float *deq;
+    uint8_t *w = random_matrix(type, EXPERTS * rows, cols, 1.0f / sqrtf((float)cols), &deq);
+    uint16_t *x = xmalloc((size_t)TOKENS * cols * sizeof(uint16_t));
+    for (size_t i = 0; i < (size_t)TOKENS * cols; i++) {
+        const float v = gauss();
+        uint32_t bits;
+        memcpy(&bits, &v, 4);
+        x[i] = (uint16_t)(bits >> 16); /* any bf16 will do: the reference takes the same value */
+    }
+    const int tiles[] = {2, 0, 64, 2, 64, 6, 0, 70, 64, 0, 134, 16}; /* expert 2: rows 0-69, expert 0: 70-149 */
+    const size_t n = (size_t)TOKENS * 2 * rows;
+    float *got = xmalloc(n * sizeof(float));
+    uint16_t *got16 = xmalloc(n * sizeof(uint16_t));
+    moe_error err = {0};
+    moe_status st = cuda_test_expert_gemm(type, EXPERTS, rows, cols, w, x, TOKENS, tiles, 4, false, got, &err);
+    if (st == MOE_OK) st = cuda_test_expert_gemm(type, EXPERTS, rows, cols, w, x, TOKENS, tiles, 4, true, got16, &err);
+    CHECKF(st == MOE_OK, "%s", err.message);
+    int bad = 0;
+    double worst_eg = 0;
+    for (int t = 0; t < TOKENS && st == MOE_OK; t++) {
+        const float *we = deq + (size_t)(t < 70 ? 2 : 0) * rows * cols;
+        for (int r = 0; r < 2 * rows; r++) {
+            double want = 0, mag = 0;
+            for (int c = 0; c < cols; c++) {
+                const double p = (double)we[(size_t)(r % rows) * cols + c] * bf16_to_f32(x[(size_t)t * cols + c]);
+                want += p, mag += fabs(p);
+            }
+            const size_t at = (size_t)t * 2 * rows + r;
+            const double e = fabs(got[at] - want) / mag, e16 = fabs(bf16_to_f32(got16[at]) - want) / mag;
+            worst_eg = fmax(worst_eg, e);
+            /* the weights rounded to bf16: 2^-9 of each product at most */
+            if ((!(e <= 4e-3) || !(e16 <= 8e-3)) && bad++ < 3)
+                fprintf(stderr, "  expert gemm %s: token %d row %d: cpu %.7g gpu %.7g bf16 %.7g\n",
+                        quant_format_of(type)->name, t, r, want, got[at], bf16_to_f32(got16[at]));
+        }
+    }
+    CHECKF(bad == 0, "expert gemm %s %dx%d: %d values off", quant_format_of(type)->name, rows, cols, bad);
+    printf("  expert gemm %-7s %d x %d: worst |gpu - cpu| / sum |w x| %.3g\n", quant_format_of(type)->name, rows, cols,
+           worst_eg);
+    free(w), free(deq), free(x), free(got), free(got16);
+}
+
+static void test_expert_gemm_every_type(void) {
+    for (size_t t = 0; t < sizeof gpu_types / sizeof gpu_types[0]; t++)
+        check_expert_gemm(gpu_types[t], 96, quant_format_of(gpu_types[t])->block_size >= 256 ? 512 : 320);
+}
+
 typedef struct attn_case {
     int T, pos, n_heads, n_kv, hd, n_rot;
     bool neox, bias, freqs;
@@ -691,6 +744,7 @@ int main(void) {
     RUN(test_gemv_every_type);
     RUN(test_experts_by_id);
     RUN(test_dequant_every_type);
+    RUN(test_expert_gemm_every_type);
     RUN(test_prefill_attention);
     RUN(test_decode_attention);
     RUN(test_top_logits);

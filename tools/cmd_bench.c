@@ -182,7 +182,7 @@ static void print_prefill_profile(const report *r) {
     const cuda_prefill_profile *p = &r->pf;
     printf("\n### batched prefill by phase (%d tokens, the stream synchronised after every phase of every layer)\n\n",
            p->tokens);
-    printf("| phase | ms | share | cuBLAS calls |\n| --- | ---: | ---: | ---: |\n");
+    printf("| phase | ms | share | GEMM calls |\n| --- | ---: | ---: | ---: |\n");
     for (int k = 0; k < CUDA_PF_COUNT; k++)
         if (p->ms[k] > 0)
             printf("| %s | %.2f | %.1f%% | %d |\n", p->names[k], p->ms[k], 100.0 * p->ms[k] / p->total_ms, p->calls[k]);

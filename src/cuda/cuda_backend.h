@@ -116,7 +116,7 @@ moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float
  * synchronised after each phase of each layer. Per phase, summed over the
  * layers: the wall milliseconds from the end of the phase before (the
  * host's submission included, which bounds a phase of many small calls)
- * and the cuBLAS calls made. Only for prompts the batched prefill takes
+ * and the GEMM calls made (cuBLAS, expert_gemm.cuh). Only for prompts the batched prefill takes
  * (cuda_prefill_batched); elsewhere MOE_ERR_UNSUPPORTED. */
 enum {
     CUDA_PF_EMBED, CUDA_PF_QKV, CUDA_PF_ATTENTION, CUDA_PF_O, CUDA_PF_ROUTE, CUDA_PF_EXPERT_DEQUANT, CUDA_PF_EXPERT_UP,
@@ -253,6 +253,14 @@ moe_status cuda_test_top_logits(const float *logits, int n_vocab, int n, const i
  * elements apart. */
 moe_status cuda_test_dequant(moe_type type, int n_experts, int rows, int cols, const void *w, const int32_t *experts,
                              int n_pick, bool bf16, void *out, moe_error *err);
+
+/* The prefill's experts' product from quantized weights (expert_gemm.cuh)
+ * with both halves of a pair the same matrix: per tile (expert, first row,
+ * rows) of tiles, row r of y (n_rows x 2 rows, f32 or bf16 bits) is row r
+ * of x (n_rows x cols, bf16 bits) times the expert's W^T, twice over; W a
+ * slab as in cuda_test_dequant. Rows of no tile stay poisoned. */
+moe_status cuda_test_expert_gemm(moe_type type, int n_experts, int rows, int cols, const void *w, const uint16_t *x,
+                                 int n_rows, const int *tiles, int n_tiles, bool y_bf16, void *y, moe_error *err);
 
 /* One layer of the prefill's attention: n_tokens new tokens at positions
  * pos.. with their q|k|v projections (n_tokens x (q_dim + 2 kv_dim)). */

@@ -155,6 +155,14 @@ __device__ __forceinline__ void pin_reg(unsigned &v) { asm volatile("" : "+r"(v)
 /* Programmatic dependent launch: no-ops when the launch did not ask for it. */
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents(void) { asm volatile("griddepcontrol.launch_dependents;"); }
+/* c += A B on tensor cores, A 16 x 16 and B 16 x 8 bf16 as the PTX
+ * fragments (the simulator's twin in cuda_sim.h spells out the layout). */
+__device__ __forceinline__ void mma_bf16_m16n8k16(float c[4], const unsigned a[4], const unsigned b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 #endif
 
 #define FULL_MASK 0xffffffffu

@@ -151,6 +151,19 @@ struct attn_args {
 
 typedef void (*repack_fn)(const uint8_t *src_row, uint8_t *body_row, uint8_t *meta_row, int nb);
 
+/* The batched prefill's experts' products from quantized weights
+ * (expert_gemm.cuh): y rows = x rows W^T, per tile of one expert's tokens. */
+struct expert_gemm_args {
+    dmat w[2];         /* the experts' matrix, or a pair stacked along y's columns (gate, up) */
+    int pair;          /* 1 or 2 */
+    const int *tiles;  /* per token tile: expert, first row of x and y, rows (at most EG_TOKENS) */
+    const uint16_t *x; /* bf16 rows, ldx apart */
+    int64_t ldx;
+    void *y; /* rows ldy apart: f32, or bf16 if y_bf16 */
+    int64_t ldy;
+    bool y_bf16;
+};
+
 struct cuda_format {
     int type;                 /* moe_type */
     const char *name;
@@ -168,6 +181,9 @@ struct cuda_format {
     /* Prefill: matrices experts[i] (NULL: i) of a slab, i < n, to plain
      * row-major f32 or bf16 at out + i * out_stride elements (dequant.cuh). */
     void (*dequant)(const dmat *m, const int *experts, int n, void *out, int64_t out_stride, bool bf16, cudaStream_t);
+    /* Prefill: the experts' products of n_tiles token tiles; false, with
+     * nothing launched, where the columns leave the kernel no step. */
+    bool (*expert_gemm)(const expert_gemm_args *a, int n_tiles, cudaStream_t);
 };
 
 /* The format of a weight type; NULL when the CUDA backend has no kernels. */

@@ -239,4 +239,37 @@ static inline unsigned __vsub4(unsigned a, unsigned b) {
     return r;
 }
 
+/* mma.sync.m16n8k16 with bf16 operands and f32 sums: c += A B for the
+ * warp's 16 x 16 A and 16 x 8 B held as PTX fragments (lane 4 g + t: a[0]
+ * row g, columns 2t and 2t + 1 (low half first), a[1] row g + 8, a[2] and
+ * a[3] the same 8 columns on; b[0] rows 2t and 2t + 1 of column g, b[1] 8
+ * rows on; c rows g and g + 8, columns 2t and 2t + 1). Every lane posts its
+ * fragments, the warp meets, each lane sums its four outputs. */
+static inline void mma_bf16_m16n8k16(float c[4], const unsigned a[4], const unsigned b[2]) {
+    static unsigned posted[32][32][6]; /* [warp][lane]: blocks run one at a time */
+    const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
+    unsigned *mine = posted[warp][lane];
+    for (int i = 0; i < 4; i++) mine[i] = a[i];
+    mine[4] = b[0], mine[5] = b[1];
+    sim_syncwarp();
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, t = l & 3;
+        const unsigned *p = posted[warp][l];
+        for (int h = 0; h < 2; h++) {
+            const int k = 2 * t + h;
+            A[g][k] = __uint_as_float(p[0] >> (16 * h) << 16), A[g + 8][k] = __uint_as_float(p[1] >> (16 * h) << 16);
+            A[g][k + 8] = __uint_as_float(p[2] >> (16 * h) << 16);
+            A[g + 8][k + 8] = __uint_as_float(p[3] >> (16 * h) << 16);
+            B[k][g] = __uint_as_float(p[4] >> (16 * h) << 16), B[k + 8][g] = __uint_as_float(p[5] >> (16 * h) << 16);
+        }
+    }
+    sim_syncwarp();
+    const int g = lane >> 2, t = lane & 3;
+    for (int i = 0; i < 4; i++) {
+        const int row = g + 8 * (i >> 1), col = 2 * t + (i & 1);
+        for (int k = 0; k < 16; k++) c[i] += A[row][k] * B[k][col];
+    }
+}
+
 #endif

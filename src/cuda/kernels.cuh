@@ -1154,6 +1154,7 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
 /* ---------------------------------------------------------------- instantiation */
 
 #include "cuda/dequant.cuh"
+#include "cuda/expert_gemm.cuh"
 
 /* The launches of a format's kernels, each picking the instance for the
  * launch's shape (gemv_rows, ffn_up's ACT_REGS and SHARED, ffn_down's SHARED). */
@@ -1232,11 +1233,12 @@ static cudaError_t format_allow_smem(int bytes) {
 
 /* Everything a family file provides for its format F: the table entry
  * cuda_formats[] points at (cuda_model.cu); the prefill's dequantization
- * comes from dequant.cuh. */
+ * and experts' products come from dequant.cuh and expert_gemm.cuh. */
 #define DEFINE_CUDA_FORMAT(F, ident)                                                                              \
     extern const cuda_format cuda_format_##ident = {                                                            \
         F::TYPE,          #ident,         F::BLOCK,        F::BODY,         F::META,                 F::UNITS,  \
         F::ACT,           F::N,           F::repack,       launch_gemv<F>,  launch_up<F>,            launch_down<F>, \
-        launch_embed<F>,  format_occupancy<F>, format_allow_smem<F>, launch_dequant<F>};
+        launch_embed<F>,  format_occupancy<F>, format_allow_smem<F>, launch_dequant<F>, \
+        launch_expert_gemm<F>};
 
 #endif

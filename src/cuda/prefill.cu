@@ -1,8 +1,9 @@
 /*
  * prefill.cu — a prompt on the GPU in chunks of 512 to 2048 tokens
  * (pass_tokens) that go through each layer together, every matrix product a tensor-core
- * GEMM (cuBLAS: bf16 operands, f32 accumulation and output), instead of
- * one decode step per token. Per chunk of T tokens:
+ * GEMM (bf16 operands, f32 accumulation: cuBLAS for the dense ones, the
+ * experts' in expert_gemm.cuh), instead of one decode step per token.
+ * Per chunk of T tokens:
  *
  *   embedding rows (dequantized, f32)                    x (T, n_embd)
  *   per layer:
@@ -15,16 +16,19 @@
  *       router logits (f32 GEMM), softmax|sigmoid, top-k  route_kernel
  *       the (token, slot) pairs grouped by expert         on the host
  *       gate|up GEMM, SwiGLU, down GEMM per expert        over its tokens,
- *         a product of a batch of experts one grouped call
+ *         each product of all experts one launch          expert_gemm.cuh
  *       x += sum_j w_j out_j                              scatter_kernel
  *       the shared expert (sigmoid-gated), as dense
  *   output head on the positions asked for                the decode's gemv
  *
- * Weights stay quantized in memory: each matrix (or the experts of a
- * batch) is dequantized to bf16 into one reusable scratch just before its
- * GEMM (the format table's dequant, dequant.cuh), which costs a read of
- * the quantized weights and a write and read of bf16 per chunk (more than
- * the GEMMs themselves up to 512 tokens: below). Experts are dequantized only
+ * Weights stay quantized in memory. The experts' products read them so
+ * and dequantize tile by tile in shared memory (expert_gemm.cuh). Each
+ * dense matrix is dequantized to bf16 into one reusable scratch just
+ * before its cuBLAS GEMM (the format table's dequant, dequant.cuh), as are
+ * the experts, a batch at a time, on the other paths MOE_CUDA_EXPERTS
+ * picks (grouped, each), which cost a read of the quantized weights and a
+ * write and read of bf16 per chunk (more than the GEMMs themselves up to
+ * 512 tokens: below). Experts are read only
  * when some token of the chunk chose them. That cost is why short runs
  * stay with the decode step: a chunk of a MoE model costs about the same
  * once most experts are chosen (three dequantizations and GEMM calls per
@@ -47,8 +51,9 @@
  * Precision: the residual stream, the KV cache (f32, the layout the decode
  * step reads), norms, RoPE, attention, router logits and routing weights
  * are f32 as on the CPU; only GEMM operands are rounded to bf16 (8-bit
- * mantissa: ~3e-3 relative per product), and the routed experts' products,
- * which cuBLAS's grouped call returns in bf16 only. The head goes through
+ * mantissa: ~3e-3 relative per product), and the routed experts' down
+ * products (their gate|up too on the grouped paths, which cuBLAS's
+ * grouped call returns in bf16 only). The head goes through
  * the decode step's gemv, so the logits see the CPU's activation
  * quantization.
  *
@@ -395,13 +400,14 @@ struct prefill_scratch {
     float *router_w, *logits;  /* (n_experts, n_embd) f32 router, (cap, n_experts) */
     float *route_w, *shgate;   /* (cap, k), (cap) */
     int *route_ids;            /* (cap, k) */
-    int *index;                /* row_token (cap k) | slot_row (cap k) | used experts (n_experts) */
+    int *index;                /* row_token (cap k) | slot_row (cap k) | used experts (n_experts) | token tiles */
     int *host;                 /* pinned: route ids (cap k) | the index as uploaded */
     int *count, *start, *fill; /* per expert, host */
     cuda_prefill_profile *prof; /* cuda_prefill_profile_run's, else NULL */
     double phase_start;         /* its clock at the last phase's end */
-    int calls;                  /* cuBLAS calls so far */
-    expert_gemms g;             /* the experts' products as grouped calls */
+    int calls;                  /* GEMM calls so far (cuBLAS, expert_gemm) */
+    bool fused;                 /* the experts' products from quantized weights (expert_gemm.cuh) */
+    expert_gemms g;             /* else: as grouped calls on dequantized weights */
 };
 
 /* MOE_CUDA_PREFILL=0 runs prompts through the decode step token by token
@@ -442,6 +448,12 @@ static void *take(uint8_t *base, size_t *used, size_t bytes) {
     return base ? base + at : NULL;
 }
 
+/* Token tiles of a chunk's experts at most: its rows in whole tiles, and
+ * a part-filled one per expert. */
+static int max_tiles(const prefill_scratch *p, int n_experts) {
+    return (p->cap * p->k + EG_TOKENS - 1) / EG_TOKENS + n_experts;
+}
+
 static void lay_out(const cuda_state *s, prefill_scratch *p, uint8_t *base, size_t *used) {
     const model_config *c = &s->m->config;
     const size_t T = p->cap, R = T * p->k, d = c->n_embd, E = c->n_experts, q = s->q_dim, kv = s->kv_dim;
@@ -465,7 +477,7 @@ static void lay_out(const cuda_state *s, prefill_scratch *p, uint8_t *base, size
     p->route_w = (float *)take(base, used, R * sizeof(float));
     p->shgate = (float *)take(base, used, T * sizeof(float));
     p->route_ids = (int *)take(base, used, R * sizeof(int));
-    p->index = (int *)take(base, used, (2 * R + E) * sizeof(int));
+    p->index = (int *)take(base, used, (2 * R + E + 3 * max_tiles(p, (int)E)) * sizeof(int));
     p->g.ptr = (const void **)take(base, used, 6 * E * sizeof(void *));
 }
 
@@ -499,9 +511,18 @@ static bool set_up_expert_gemms(expert_gemms *g, const model_config *c) {
         g->embd[j] = c->n_embd, g->ff[j] = c->n_ff_expert, g->ff2[j] = 2 * c->n_ff_expert, g->ones[j] = 1;
     }
     g->experts = E;
-    const char *v = getenv("MOE_CUDA_GROUPED"); /* 0: a call per expert, as without the grouped call (tests) */
-    g->on = GROUPED_GEMM && !(v && v[0] == '0');
     return true;
+}
+
+/* MOE_CUDA_EXPERTS picks how the experts' products run: "fused" (the
+ * default: from the quantized weights, expert_gemm.cuh), "grouped"
+ * (dequantized, a grouped cuBLAS call a batch of experts) or "each"
+ * (dequantized, a call per expert, as a library without the grouped call
+ * does). The tests and `moe bench` compare them. */
+static void pick_expert_path(prefill_scratch *p) {
+    const char *v = getenv("MOE_CUDA_EXPERTS");
+    p->fused = !v || strcmp(v, "fused") == 0;
+    p->g.on = GROUPED_GEMM && !(v && strcmp(v, "each") == 0);
 }
 
 /* Tokens a pass through the layers takes (p->cap) and the scratch's bytes
@@ -534,7 +555,7 @@ static moe_status make_scratch(cuda_state *s, moe_error *err) {
     size_t bytes = pass_tokens(s, p);
     const size_t R = (size_t)p->cap * p->k, E = c->n_experts;
     cudaError_t e = cudaMalloc(&p->mem, bytes);
-    if (e == cudaSuccess && E) e = cudaMallocHost(&p->host, (3 * R + E) * sizeof(int));
+    if (e == cudaSuccess && E) e = cudaMallocHost(&p->host, (3 * R + E + 3 * max_tiles(p, (int)E)) * sizeof(int));
     if (e == cudaSuccess && E) e = cudaMallocHost((void **)&p->g.ptr_host, 6 * E * sizeof(void *));
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -553,6 +574,7 @@ static moe_status make_scratch(cuda_state *s, moe_error *err) {
         free_scratch(p);
         return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     }
+    pick_expert_path(p);
     cublasStatus_t b = cublasCreate(&p->blas);
     if (b == CUBLAS_STATUS_SUCCESS) b = cublasSetStream(p->blas, s->stream);
     if (b != CUBLAS_STATUS_SUCCESS) {
@@ -781,6 +803,55 @@ static moe_status expert_batch(cuda_state *s, const cuda_layer *w, int b0, int n
     return MOE_OK;
 }
 
+/* Whether the fused products take this layer's experts: gate and up of
+ * one format, and every matrix's columns in whole steps of the kernel. */
+static bool fused_fits(const prefill_scratch *p, const cuda_layer *w) {
+    const cuda_format *fu = cuda_format_of(w->exp_gate.type), *fd = cuda_format_of(w->exp_down.type);
+    return p->fused && w->exp_up.type == w->exp_gate.type && expert_gemm_step(w->exp_gate.cols, fu->block) &&
+           expert_gemm_step(w->exp_down.cols, fd->block);
+}
+
+/* The token tiles of the fused products after the index in p->host:
+ * (expert, first row, rows) for every EG_TOKENS rows of each used expert.
+ * Returns how many. */
+static int list_tiles(prefill_scratch *p, int n_used) {
+    const int cap_rows = p->cap * p->k, *used = p->host + 3 * cap_rows;
+    int *tile = (int *)used + p->g.experts, n = 0;
+    for (int j = 0; j < n_used; j++) {
+        const int e = used[j];
+        for (int r = 0; r < p->count[e]; r += EG_TOKENS, n++) {
+            tile[3 * n] = e, tile[3 * n + 1] = p->start[e] + r;
+            tile[3 * n + 2] = p->count[e] - r < EG_TOKENS ? p->count[e] - r : EG_TOKENS;
+        }
+    }
+    return n;
+}
+
+/* The experts' products over the R grouped rows in two launches of
+ * expert_gemm.cuh: gate|up (f32) into gu, then down (bf16) into eo16,
+ * SwiGLU between them. */
+static moe_status fused_experts(cuda_state *s, const cuda_layer *w, int R, int n_tiles, moe_error *err) {
+    prefill_scratch *p = s->prefill;
+    const int d = s->m->config.n_embd, ff = w->exp_gate.rows;
+    expert_gemm_args a;
+    memset(&a, 0, sizeof a);
+    a.w[0] = w->exp_gate, a.w[1] = w->exp_up, a.pair = 2;
+    a.tiles = p->index + 2 * p->cap * p->k + p->g.experts;
+    a.x = p->xs16, a.ldx = d;
+    a.y = p->gu, a.ldy = 2 * ff, a.y_bf16 = false;
+    (void)cuda_format_of(w->exp_gate.type)->expert_gemm(&a, n_tiles, s->stream); /* fused_fits said it fits */
+    p->calls++;
+    LAUNCH(swiglu_kernel<float>, R, ROW_THREADS, 0, s->stream, p->h16, (const float *)p->gu, ff, (const float *)NULL);
+    PHASE_DONE(s, CUDA_PF_EXPERT_UP);
+    a.w[0] = w->exp_down, a.pair = 1;
+    a.x = p->h16, a.ldx = ff;
+    a.y = p->eo16, a.ldy = d, a.y_bf16 = true;
+    (void)cuda_format_of(w->exp_down.type)->expert_gemm(&a, n_tiles, s->stream);
+    p->calls++;
+    PHASE_DONE(s, CUDA_PF_EXPERT_DOWN);
+    return MOE_OK;
+}
+
 static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *err) {
     prefill_scratch *p = s->prefill;
     const model_config *c = &s->m->config;
@@ -791,14 +862,15 @@ static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *
     cuda_route(&r, p->logits, T, p->route_w, p->route_ids, s->stream, false);
     CUDA_CHECK(cudaMemcpyAsync(p->host, p->route_ids, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
-    const int n_used = group_by_expert(p, T, E);
-    CUDA_CHECK(cudaMemcpyAsync(p->index, p->host + cap_rows, (size_t)(2 * cap_rows + E) * sizeof(int),
+    const int n_used = group_by_expert(p, T, E), n_tiles = fused_fits(p, w) ? list_tiles(p, n_used) : 0;
+    CUDA_CHECK(cudaMemcpyAsync(p->index, p->host + cap_rows, (size_t)(2 * cap_rows + E + 3 * n_tiles) * sizeof(int),
                                cudaMemcpyHostToDevice, s->stream));
-    moe_status st = point_expert_gemms(s, w, n_used, err);
+    moe_status st = n_tiles ? MOE_OK : point_expert_gemms(s, w, n_used, err);
     if (st != MOE_OK) return st;
     LAUNCH(gather_rows_kernel, T * k, 64, 0, s->stream, p->xs16, (const uint16_t *)p->x16, (const int *)p->index, d);
     PHASE_DONE(s, CUDA_PF_ROUTE);
-    for (int b0 = 0; b0 < n_used; b0 += p->batch_experts) {
+    if (n_tiles && (st = fused_experts(s, w, T * k, n_tiles, err)) != MOE_OK) return st;
+    for (int b0 = 0; !n_tiles && b0 < n_used; b0 += p->batch_experts) {
         const int nb = n_used - b0 < p->batch_experts ? n_used - b0 : p->batch_experts;
         if ((st = expert_batch(s, w, b0, nb, err)) != MOE_OK) return st;
     }
@@ -1003,6 +1075,50 @@ moe_status cuda_test_dequant(moe_type type, int n_experts, int rows, int cols, c
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             st = moe_error_set(err, MOE_ERR_IO, "dequant test (%s, %d x %d): %s", f->name, rows, cols,
+                               cudaGetErrorName(e));
+        }
+    }
+    test_free(&t);
+    return st;
+}
+
+/* A device copy of bytes at src, into *out. */
+static cudaError_t test_upload_bytes(test_allocs *t, const void *src, size_t bytes, void **out) {
+    cudaError_t e = test_alloc(t, out, bytes);
+    return e == cudaSuccess ? cudaMemcpy(*out, src, bytes, cudaMemcpyHostToDevice) : e;
+}
+
+moe_status cuda_test_expert_gemm(moe_type type, int n_experts, int rows, int cols, const void *w, const uint16_t *x,
+                                 int n_rows, const int *tiles, int n_tiles, bool y_bf16, void *y, moe_error *err) {
+    const cuda_format *f = cuda_format_of(type);
+    if (!f) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA kernels for type %d", (int)type);
+    if (!expert_gemm_step(cols, f->block))
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no step of the expert GEMM divides %d columns", cols);
+    test_allocs t;
+    memset(&t, 0, sizeof t);
+    expert_gemm_args a;
+    memset(&a, 0, sizeof a);
+    void *d_x = NULL, *d_tiles = NULL, *d_y = NULL;
+    const size_t y_bytes = (size_t)n_rows * 2 * rows * (y_bf16 ? 2 : 4);
+    moe_status st = test_upload_slab(type, n_experts, rows, cols, w, &t, &a.w[0], err);
+    if (st == MOE_OK) {
+        cudaError_t e = test_upload_bytes(&t, x, (size_t)n_rows * cols * sizeof(uint16_t), &d_x);
+        if (e == cudaSuccess) e = test_upload_bytes(&t, tiles, (size_t)n_tiles * 3 * sizeof(int), &d_tiles);
+        if (e == cudaSuccess) e = test_alloc(&t, &d_y, y_bytes);
+        if (e == cudaSuccess) e = cudaMemset(d_y, 0xff, y_bytes);
+        if (e == cudaSuccess) {
+            a.w[1] = a.w[0], a.pair = 2; /* the pair's second half repeats the first */
+            a.tiles = (const int *)d_tiles;
+            a.x = (const uint16_t *)d_x, a.ldx = cols;
+            a.y = d_y, a.ldy = 2 * rows, a.y_bf16 = y_bf16;
+            (void)f->expert_gemm(&a, n_tiles, 0);
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess) e = cudaDeviceSynchronize();
+        if (e == cudaSuccess) e = cudaMemcpy(y, d_y, y_bytes, cudaMemcpyDeviceToHost);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            st = moe_error_set(err, MOE_ERR_IO, "expert GEMM test (%s, %d x %d): %s", f->name, rows, cols,
                                cudaGetErrorName(e));
         }
     }
