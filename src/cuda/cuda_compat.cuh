@@ -109,6 +109,11 @@ static inline unsigned add_acq_rel_gpu(unsigned *p, unsigned v) { return __atomi
 static inline void pin_reg(unsigned &v) { (void)v; }
 static inline void pdl_wait(void) {}
 static inline void pdl_launch_dependents(void) {}
+static inline void cp_async16(void *smem, const void *gmem, bool valid) {
+    if (valid) memcpy(smem, gmem, 16);
+    else memset(smem, 0, 16);
+}
+static inline void cp_async_wait_all(void) {}
 #else
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float f2h_round(float f) { return __half2float(__float2half_rn(f)); }
@@ -155,6 +160,14 @@ __device__ __forceinline__ void pin_reg(unsigned &v) { asm volatile("" : "+r"(v)
 /* Programmatic dependent launch: no-ops when the launch did not ask for it. */
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents(void) { asm volatile("griddepcontrol.launch_dependents;"); }
+/* 16 bytes from global to shared memory without a register (cp.async.cg),
+ * zeros when !valid (gmem must still be a valid address); done for every
+ * thread's copies at cp_async_wait_all. */
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 /* c += A B on tensor cores, A 16 x 16 and B 16 x 8 bf16 as the PTX
  * fragments (the simulator's twin in cuda_sim.h spells out the layout). */
 __device__ __forceinline__ void mma_bf16_m16n8k16(float c[4], const unsigned a[4], const unsigned b[2]) {

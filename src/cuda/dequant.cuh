@@ -43,9 +43,30 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* a in the low half, b in the high one, each rounded to nearest even (one
+ * cvt on the GPU). */
 __device__ __forceinline__ unsigned bf16_pair(float a, float b) {
+#ifdef MOE_CUDA_SIM
     return f32_to_bf16_bits(a) | (unsigned)f32_to_bf16_bits(b) << 16;
+#else
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+#endif
 }
+
+/* Where F::dequant puts a unit's values when they are wanted as bf16 bits
+ * (rounded to nearest even) instead of floats: out[i] = v and out + i
+ * as on a float pointer, so each format writes its units once for both. */
+struct bf16_out {
+    uint16_t *p;
+    struct ref {
+        uint16_t *p;
+        __device__ __forceinline__ void operator=(float v) const { *p = f32_to_bf16_bits(v); }
+    };
+    __device__ __forceinline__ ref operator[](int i) const { return ref{p + i}; }
+    __device__ __forceinline__ bf16_out operator+(int i) const { return bf16_out{p + i}; }
+};
 
 /* Rows a block dequantizes: one unit a thread, within DQ_VALUES. */
 template <class F>

@@ -406,7 +406,7 @@ struct prefill_scratch {
     cuda_prefill_profile *prof; /* cuda_prefill_profile_run's, else NULL */
     double phase_start;         /* its clock at the last phase's end */
     int calls;                  /* GEMM calls so far (cuBLAS, expert_gemm) */
-    bool fused;                 /* the experts' products from quantized weights (expert_gemm.cuh) */
+    int experts_path;           /* EXPERTS_AUTO, _FUSED, _GROUPED or _EACH: pick_expert_path */
     expert_gemms g;             /* else: as grouped calls on dequantized weights */
 };
 
@@ -514,15 +514,20 @@ static bool set_up_expert_gemms(expert_gemms *g, const model_config *c) {
     return true;
 }
 
-/* MOE_CUDA_EXPERTS picks how the experts' products run: "fused" (the
- * default: from the quantized weights, expert_gemm.cuh), "grouped"
- * (dequantized, a grouped cuBLAS call a batch of experts) or "each"
- * (dequantized, a call per expert, as a library without the grouped call
- * does). The tests and `moe bench` compare them. */
+/* MOE_CUDA_EXPERTS picks how the experts' products run: "fused" (from
+ * the quantized weights, expert_gemm.cuh), "grouped" (dequantized, a
+ * grouped cuBLAS call a batch of experts) or "each" (dequantized, a call
+ * per expert, as a library without the grouped call does); by default
+ * each chunk picks (fused_fits). The tests and `moe bench` compare them. */
+enum { EXPERTS_AUTO, EXPERTS_FUSED, EXPERTS_GROUPED, EXPERTS_EACH };
 static void pick_expert_path(prefill_scratch *p) {
     const char *v = getenv("MOE_CUDA_EXPERTS");
-    p->fused = !v || strcmp(v, "fused") == 0;
-    p->g.on = GROUPED_GEMM && !(v && strcmp(v, "each") == 0);
+    p->experts_path = !v                          ? EXPERTS_AUTO
+                      : strcmp(v, "fused") == 0   ? EXPERTS_FUSED
+                      : strcmp(v, "grouped") == 0 ? EXPERTS_GROUPED
+                      : strcmp(v, "each") == 0    ? EXPERTS_EACH
+                                                  : EXPERTS_AUTO;
+    p->g.on = GROUPED_GEMM && p->experts_path != EXPERTS_EACH;
 }
 
 /* Tokens a pass through the layers takes (p->cap) and the scratch's bytes
@@ -803,12 +808,19 @@ static moe_status expert_batch(cuda_state *s, const cuda_layer *w, int b0, int n
     return MOE_OK;
 }
 
-/* Whether the fused products take this layer's experts: gate and up of
- * one format, and every matrix's columns in whole steps of the kernel. */
-static bool fused_fits(const prefill_scratch *p, const cuda_layer *w) {
+/* Whether the fused products take this layer's experts (R rows over
+ * n_used experts): gate and up of one format, every matrix's columns in
+ * whole steps of the kernel, and by default at most one tile of tokens an
+ * expert on average. The fused kernel dequantizes an expert's weights
+ * again for each EG_TOKENS of its tokens, the other paths once a chunk;
+ * on Qwen3-30B-A3B Q4_K the fused products took pp512 from 5622 to 6141
+ * tok/s (32 tokens an expert) but pp2048 from 6203 to 5436 (128):
+ * bench/results/2026-12-03-s19, run 3. */
+static bool fused_fits(const prefill_scratch *p, const cuda_layer *w, int R, int n_used) {
     const cuda_format *fu = cuda_format_of(w->exp_gate.type), *fd = cuda_format_of(w->exp_down.type);
-    return p->fused && w->exp_up.type == w->exp_gate.type && expert_gemm_step(w->exp_gate.cols, fu->block) &&
-           expert_gemm_step(w->exp_down.cols, fd->block);
+    const bool fits = w->exp_up.type == w->exp_gate.type && expert_gemm_step(w->exp_gate.cols, fu->block) &&
+                      expert_gemm_step(w->exp_down.cols, fd->block);
+    return fits && (p->experts_path == EXPERTS_FUSED || (p->experts_path == EXPERTS_AUTO && R <= EG_TOKENS * n_used));
 }
 
 /* The token tiles of the fused products after the index in p->host:
@@ -862,7 +874,7 @@ static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *
     cuda_route(&r, p->logits, T, p->route_w, p->route_ids, s->stream, false);
     CUDA_CHECK(cudaMemcpyAsync(p->host, p->route_ids, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost, s->stream));
     CUDA_CHECK(cudaStreamSynchronize(s->stream));
-    const int n_used = group_by_expert(p, T, E), n_tiles = fused_fits(p, w) ? list_tiles(p, n_used) : 0;
+    const int n_used = group_by_expert(p, T, E), n_tiles = fused_fits(p, w, T * k, n_used) ? list_tiles(p, n_used) : 0;
     CUDA_CHECK(cudaMemcpyAsync(p->index, p->host + cap_rows, (size_t)(2 * cap_rows + E + 3 * n_tiles) * sizeof(int),
                                cudaMemcpyHostToDevice, s->stream));
     moe_status st = n_tiles ? MOE_OK : point_expert_gemms(s, w, n_used, err);

@@ -57,7 +57,8 @@ struct fmt_q5_0 : smem_act<fmt_q5_0> {
         }
         return (float)s * (h2f((uint16_t)(r.m.x & 0xffff)) * a.d[e >> 5]);
     }
-    static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
+    template <class Out>
+    static __device__ __forceinline__ void dequant(const raw &r, int u, Out out) {
         const float d = h2f((uint16_t)(r.m.x & 0xffff));
 #pragma unroll
         for (int i = 0; i < 4; i++) {
