@@ -13,7 +13,8 @@
 # experiment.log: tg128 twice per variant, tg32 at depth 4096, and at
 # positions 64 and 512 each stage's cost in the graph and the layer
 # timeline (MOE_AB_TIMELINE=0 leaves those out, MOE_AB_TIMELINE="512"
-# takes those positions).
+# takes those positions). `bash scripts/device_ab.sh build` only builds
+# them, as /tmp/ab-NAME-build/moe, for an experiment's own commands.
 # MOE_AB_SASS=FILE.cu also brings back the SASS of that family file's
 # kernels for every variant, as one $OUT/sass.tar.gz (a run returns at most
 # eight files). MOE_AB_STAGING=1 adds `moe lab`'s staging rows of every
@@ -141,6 +142,7 @@ run() {
 case "${1:-}" in
 pack) shift && pack "$@" ;;
 run) run ;;
+build) build_variants ;; # only the variants' builds, for an experiment's own commands
 -h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' ;;
 *)
     sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2

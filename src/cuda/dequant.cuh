@@ -55,19 +55,6 @@ __device__ __forceinline__ unsigned bf16_pair(float a, float b) {
 #endif
 }
 
-/* Where F::dequant puts a unit's values when they are wanted as bf16 bits
- * (rounded to nearest even) instead of floats: out[i] = v and out + i
- * as on a float pointer, so each format writes its units once for both. */
-struct bf16_out {
-    uint16_t *p;
-    struct ref {
-        uint16_t *p;
-        __device__ __forceinline__ void operator=(float v) const { *p = f32_to_bf16_bits(v); }
-    };
-    __device__ __forceinline__ ref operator[](int i) const { return ref{p + i}; }
-    __device__ __forceinline__ bf16_out operator+(int i) const { return bf16_out{p + i}; }
-};
-
 /* Rows a block dequantizes: one unit a thread, within DQ_VALUES. */
 template <class F>
 inline int dequant_rows_per_block(const dmat &m) {

@@ -19,13 +19,18 @@
  * tokens of one expert (a "tile" of the host's list), over the columns
  * in steps of kt (EG_K or fewer: whole format blocks). Per step the
  * tokens' bf16 columns are copied to shared memory (cp.async) and the
- * rows' units dequantized there as bf16 (F::dequant through bf16_out),
- * then 8 warps (2 along the rows x 4 along the tokens) each take 32 rows
- * x 16 tokens: 2 x 2 mma of 16 x 8 per 16 columns. Rows of shared memory
- * are padded by 8 elements so a warp's fragment reads hit 32 distinct
- * banks. (A first version kept the weight tile in f32 and loaded each
- * unit after the one before had landed: 62 ms of pp512's 130 for gate|up;
- * loads in flight together: 32 ms, run 3.)
+ * rows' units dequantized there as f32 (F::dequant's own output), then 8
+ * warps (2 along the rows x 4 along the tokens) each take 32 rows x 16
+ * tokens: 2 x 2 mma of 16 x 8 per 16 columns, the A fragments rounded to
+ * bf16 as they are read. Rows of shared memory are padded by 8 elements
+ * so a warp's fragment reads hit 32 distinct banks.
+ *
+ * Measured on Qwen3-30B-A3B Q4_K (bench/results/2026-12-03-s19): loading
+ * each unit after the one before had landed took 62 ms of pp512's 130
+ * for gate|up; all of a thread's loads in flight together, 32 ms. Two
+ * variants were slower and were dropped: the weight tile in bf16 (38 ms)
+ * and, on top of it, the next step's tokens and weights fetched during
+ * the multiply (40 ms).
  */
 #ifndef MOE_CUDA_EXPERT_GEMM_CUH
 #define MOE_CUDA_EXPERT_GEMM_CUH
@@ -38,11 +43,11 @@
 #define EG_TOKENS  64
 #define EG_K       256 /* columns a step, at most */
 #define EG_THREADS 256
-#define EG_WS      (EG_K + 8) /* bf16 a row of the weight tile */
+#define EG_WS      (EG_K + 8) /* floats a row of the weight tile */
 #define EG_XS      (EG_K + 8) /* bf16 a row of the token tile */
 
 inline size_t expert_gemm_smem(void) {
-    return ((size_t)EG_ROWS * EG_WS + (size_t)EG_TOKENS * EG_XS) * sizeof(uint16_t);
+    return (size_t)EG_ROWS * EG_WS * sizeof(float) + (size_t)EG_TOKENS * EG_XS * sizeof(uint16_t);
 }
 
 /* Columns a step for a format: the most of EG_K that is whole format
@@ -65,15 +70,15 @@ __device__ __forceinline__ void eg_stage_tokens(uint16_t *xs, const uint16_t *x,
     }
 }
 
-#define EG_LOADS 2 /* units a thread loads before it dequantizes them */
+#define EG_LOADS 4 /* units a thread loads before it dequantizes them */
 
 /* The weight tile into ws: rows m0 .. m0 + EG_ROWS of expert e's matrix,
- * columns k0 .. k0 + kt, as bf16 (rows past the matrix repeat its last:
+ * columns k0 .. k0 + kt, as f32 (rows past the matrix repeat its last:
  * their products are never stored). A thread's units are loaded
  * EG_LOADS at a time before any is dequantized, so that a step waits for
  * one round trip, not one a unit. */
 template <class F>
-__device__ __forceinline__ void eg_stage_weights(uint16_t *ws, const dmat &m, int64_t e, int m0, int k0, int kt) {
+__device__ __forceinline__ void eg_stage_weights(float *ws, const dmat &m, int64_t e, int m0, int k0, int kt) {
     const int units = kt / F::BLOCK * F::UNITS, first_block = k0 / F::BLOCK, total = EG_ROWS * units;
     for (int t0 = threadIdx.x; t0 < total; t0 += EG_LOADS * EG_THREADS) {
         typename F::raw raw[EG_LOADS];
@@ -91,25 +96,28 @@ __device__ __forceinline__ void eg_stage_weights(uint16_t *ws, const dmat &m, in
         for (int i = 0; i < EG_LOADS; i++) {
             const int t = t0 + i * EG_THREADS, r = t / units, u = t - r * units;
             if (t >= total) break;
-            F::dequant(raw[i], u, bf16_out{ws + r * EG_WS});
+            F::dequant(raw[i], u, ws + r * EG_WS);
         }
     }
 }
 
 /* This warp's 32 rows x 16 tokens over one step of kt columns, from the
- * PTX fragments (lane 4g + t): A rows g and g + 8 of ws, B token g of xs,
- * each at columns 2t, 2t + 1 and 8 on. */
-__device__ __forceinline__ void eg_multiply(float acc[2][2][4], const uint16_t *ws, const uint16_t *xs, int kt) {
+ * PTX fragments (lane 4g + t): A rows g and g + 8 of ws rounded to bf16
+ * as they are read, B token g of xs as it is, each at columns 2t, 2t + 1
+ * and 8 on. */
+__device__ __forceinline__ void eg_multiply(float acc[2][2][4], const float *ws, const uint16_t *xs, int kt) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const uint16_t *w = ws + (32 * (warp & 1) + g) * EG_WS + 2 * t;
+    const float *w = ws + (32 * (warp & 1) + g) * EG_WS + 2 * t;
     const uint16_t *x = xs + (16 * (warp >> 1) + g) * EG_XS + 2 * t;
     for (int k = 0; k < kt; k += 16) {
         unsigned a[2][4], b[2][2];
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const uint16_t *wi = w + 16 * i * EG_WS + k;
-            a[i][0] = *(const unsigned *)wi, a[i][1] = *(const unsigned *)(wi + 8 * EG_WS);
-            a[i][2] = *(const unsigned *)(wi + 8), a[i][3] = *(const unsigned *)(wi + 8 * EG_WS + 8);
+            const float *wi = w + 16 * i * EG_WS + k;
+            const float2 p0 = *(const float2 *)wi, p1 = *(const float2 *)(wi + 8 * EG_WS);
+            const float2 p2 = *(const float2 *)(wi + 8), p3 = *(const float2 *)(wi + 8 * EG_WS + 8);
+            a[i][0] = bf16_pair(p0.x, p0.y), a[i][1] = bf16_pair(p1.x, p1.y);
+            a[i][2] = bf16_pair(p2.x, p2.y), a[i][3] = bf16_pair(p3.x, p3.y);
         }
 #pragma unroll
         for (int j = 0; j < 2; j++) {
@@ -130,9 +138,9 @@ __device__ __forceinline__ void eg_store(uint16_t *y, float v) { *y = f32_to_bf1
 /* Block (row tile, token tile): tile = (expert, first row of x and y,
  * rows) from a.tiles. Row tile r is matrix r / row_tiles of the pair. */
 template <class F, class Y>
-__global__ void __launch_bounds__(EG_THREADS, 2) expert_gemm_kernel(const expert_gemm_args a, int kt) {
-    DYN_SMEM(uint16_t, ws);
-    uint16_t *xs = ws + EG_ROWS * EG_WS;
+__global__ void __launch_bounds__(EG_THREADS) expert_gemm_kernel(const expert_gemm_args a, int kt) {
+    DYN_SMEM(float, ws);
+    uint16_t *xs = (uint16_t *)(ws + EG_ROWS * EG_WS);
     const int *tile = a.tiles + 3 * blockIdx.y;
     const int64_t e = tile[0], r0 = tile[1];
     const int count = tile[2], row_tiles = (a.w[0].rows + EG_ROWS - 1) / EG_ROWS;

@@ -25,8 +25,7 @@ struct fmt_f32 : smem_act<fmt_f32> {
         return __int_as_float((int)r.q.x) * x.x + __int_as_float((int)r.q.y) * x.y + __int_as_float((int)r.q.z) * x.z +
                __int_as_float((int)r.q.w) * x.w;
     }
-    template <class Out>
-    static __device__ __forceinline__ void dequant(const raw &r, int u, Out out) {
+    static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         out[4 * u] = __int_as_float((int)r.q.x);
         out[4 * u + 1] = __int_as_float((int)r.q.y);
         out[4 * u + 2] = __int_as_float((int)r.q.z);
@@ -61,8 +60,7 @@ struct fmt_half : smem_act<fmt_half<T, BF>> {
         s += conv(r.q.w >> 16) * x1.w;
         return s;
     }
-    template <class Out>
-    static __device__ __forceinline__ void dequant(const raw &r, int u, Out out) {
+    static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         const unsigned w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {

@@ -64,15 +64,14 @@ __device__ __forceinline__ float k_combine(unsigned dm, unsigned sm, int dot_lo,
     return d * (float)sum_q - dmin * (float)sum_m;
 }
 
-template <class Out>
 __device__ __forceinline__ void k_unit_dequant(const uint4 &h, const unsigned lo[4], const unsigned hi[4], int u,
-                                               Out out) {
+                                               float *out) {
     const int b = u >> 3, c = u & 7, g = c >> 1, hh = c & 1;
     const unsigned sm = k_group_scales(h, g);
     const float d = h2f((uint16_t)(h.x & 0xffff)), dmin = h2f((uint16_t)(h.x >> 16));
     const float s0 = d * (sm & 0xff), n0 = dmin * ((sm >> 16) & 0xff), s1 = d * ((sm >> 8) & 0xff),
                 n1 = dmin * (sm >> 24);
-    const Out y = out + (b * 256 + 64 * g + 16 * hh);
+    float *y = out + b * 256 + 64 * g + 16 * hh;
     /* Each pair of lanes starts its run at another of the 16 places: the
      * runs of a warp's units start on bank 0 or 16 (hh), so in order every
      * store of the warp would hit two banks (16-way conflicts writing to

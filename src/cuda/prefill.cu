@@ -810,17 +810,21 @@ static moe_status expert_batch(cuda_state *s, const cuda_layer *w, int b0, int n
 
 /* Whether the fused products take this layer's experts (R rows over
  * n_used experts): gate and up of one format, every matrix's columns in
- * whole steps of the kernel, and by default at most one tile of tokens an
- * expert on average. The fused kernel dequantizes an expert's weights
- * again for each EG_TOKENS of its tokens, the other paths once a chunk;
- * on Qwen3-30B-A3B Q4_K the fused products took pp512 from 5622 to 6141
- * tok/s (32 tokens an expert) but pp2048 from 6203 to 5436 (128):
- * bench/results/2026-12-03-s19, run 3. */
+ * whole steps of the kernel, and by default at most FUSED_ROWS_AN_EXPERT
+ * tokens an expert on average. The fused kernel dequantizes an expert's
+ * weights again for each EG_TOKENS of its tokens and wastes the part of a
+ * tile it leaves empty, the other paths dequantize once a chunk and use
+ * cuBLAS's tuned GEMMs. On Qwen3-30B-A3B Q4_K (bench/results/2026-12-03-s19,
+ * runs 3 and 4): pp512 (32 an expert) 6141 tok/s fused against 5622
+ * grouped; pp1024 (64) 6011 against 7100 and pp2048 5118 against 6263,
+ * those two with a variant 8% slower than this kernel at pp512. */
+#define FUSED_ROWS_AN_EXPERT 32
 static bool fused_fits(const prefill_scratch *p, const cuda_layer *w, int R, int n_used) {
     const cuda_format *fu = cuda_format_of(w->exp_gate.type), *fd = cuda_format_of(w->exp_down.type);
     const bool fits = w->exp_up.type == w->exp_gate.type && expert_gemm_step(w->exp_gate.cols, fu->block) &&
                       expert_gemm_step(w->exp_down.cols, fd->block);
-    return fits && (p->experts_path == EXPERTS_FUSED || (p->experts_path == EXPERTS_AUTO && R <= EG_TOKENS * n_used));
+    return fits &&
+           (p->experts_path == EXPERTS_FUSED || (p->experts_path == EXPERTS_AUTO && R <= FUSED_ROWS_AN_EXPERT * n_used));
 }
 
 /* The token tiles of the fused products after the index in p->host:

@@ -24,8 +24,7 @@ struct fmt_q4_0 : fp16_scale_block<16>, smem_act<fmt_q4_0> {
         }
         return (float)s * (h2f((uint16_t)r.d) * a.d[e >> 5]);
     }
-    template <class Out>
-    static __device__ __forceinline__ void dequant(const raw &r, int u, Out out) {
+    static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         const float d = h2f((uint16_t)r.d);
         const unsigned w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
         /* every lane's run starts on bank 0: rotated per lane, 2-way instead of 32-way */

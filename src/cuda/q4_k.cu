@@ -71,8 +71,7 @@ struct fmt_q4_k {
 #pragma unroll
         for (int i = 0; i < 4; i++) lo[i] = w[i] & 0x0f0f0f0f, hi[i] = (w[i] >> 4) & 0x0f0f0f0f;
     }
-    template <class Out>
-    static __device__ __forceinline__ void dequant(const raw &r, int u, Out out) {
+    static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         unsigned lo[4], hi[4];
         codes(r, lo, hi);
         k_unit_dequant(r.h, lo, hi, u, out);

@@ -57,8 +57,7 @@ struct fmt_q5_0 : smem_act<fmt_q5_0> {
         }
         return (float)s * (h2f((uint16_t)(r.m.x & 0xffff)) * a.d[e >> 5]);
     }
-    template <class Out>
-    static __device__ __forceinline__ void dequant(const raw &r, int u, Out out) {
+    static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         const float d = h2f((uint16_t)(r.m.x & 0xffff));
 #pragma unroll
         for (int i = 0; i < 4; i++) {

@@ -55,8 +55,7 @@ struct fmt_q5_k {
     static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
         return dot_act(r, a, load_act(a, act_off, u));
     }
-    template <class Out>
-    static __device__ __forceinline__ void dequant(const raw &r, int u, Out out) {
+    static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         unsigned lo[4], hi[4];
         codes(r, (u & 7) >> 1, lo, hi);
         k_unit_dequant(r.h, lo, hi, u, out);

@@ -76,8 +76,7 @@ struct fmt_q6_k : smem_act<fmt_q6_k> {
         }
         return h2f((uint16_t)r.d) * a.d[(act_off + blk * 256) >> 8] * (float)sum;
     }
-    template <class Out>
-    static __device__ __forceinline__ void dequant(const raw &r, int u, Out out) {
+    static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         const int blk = u >> 2, t = u & 3, hf = t >> 1, l0 = (t & 1) * 16;
         const float d = h2f((uint16_t)r.d);
 #pragma unroll
@@ -85,7 +84,7 @@ struct fmt_q6_k : smem_act<fmt_q6_k> {
             unsigned q[4];
             codes(r, k, q);
             const float s = d * (float)scale(r, hf, k, l0 >> 4);
-            const Out y = out + (blk * 256 + 128 * hf + 32 * k + l0);
+            float *y = out + blk * 256 + 128 * hf + 32 * k + l0;
             /* rotated per lane pair, as k_unit_dequant's runs (k_quant.cuh) */
             const int rot = (threadIdx.x >> 1) & 15;
 #pragma unroll

@@ -22,8 +22,7 @@ struct fmt_q8_0 : fp16_scale_block<32>, smem_act<fmt_q8_0> {
         s = __dp4a((int)r.q.w, av.w, s);
         return (float)s * (h2f((uint16_t)r.d) * a.d[e >> 5]);
     }
-    template <class Out>
-    static __device__ __forceinline__ void dequant(const raw &r, int u, Out out) {
+    static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         const float d = h2f((uint16_t)r.d);
         const unsigned w[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
         const int rot = (threadIdx.x >> 1) & 15; /* runs rotated per lane pair, as k_unit_dequant's */
