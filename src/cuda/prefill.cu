@@ -39,10 +39,10 @@
  * against 458 token by token, pp128 731 against 450, so the crossover is
  * near 80 = 5 x 128 / 8. Dense models go batched from
  * PREFILL_MIN_TOKENS. Where a chunk's time goes is `moe bench --profile`'s
- * prefill table (cuda_prefill_profile_run): at 512 tokens, after the
- * eighteenth session (bench/results/2026-12-03-s18), the experts'
- * dequantization is half of it (78 of 150 ms), the attention 26, the
- * experts' products 32.
+ * prefill table (cuda_prefill_profile_run): after the nineteenth session
+ * (bench/results/2026-12-03-s19, run 5), 512 tokens take 84 ms there (the
+ * experts' fused products 49, the attention 26) and 2048 take 336 (the
+ * attention 237: quadratic, on CUDA cores).
  *
  * Grouping by expert needs the routing on the host (each expert's GEMM
  * has its token count as a dimension): one copy and one stream sync per
