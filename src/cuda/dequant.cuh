@@ -65,6 +65,15 @@ inline int dequant_rows_per_block(const dmat &m) {
     return rows < 1 ? 1 : rows;
 }
 
+/* Unit u of row `row` of matrix e, units counted from format block
+ * first_block on (the dequantization's chunks and the expert GEMM's
+ * steps start there). */
+template <class F>
+__device__ __forceinline__ typename F::raw load_unit(const dmat &m, int64_t e, int64_t row, int first_block, int u) {
+    return F::load(m.body + e * m.expert_stride + row * m.row_stride + (int64_t)first_block * F::BODY,
+                   m.meta + e * m.meta_expert_stride + row * m.meta_row_stride + (int64_t)first_block * F::META, u);
+}
+
 template <class F>
 __global__ void __launch_bounds__(DQ_THREADS)
     dequant_kernel(const dmat m, const int *experts, int64_t out_stride, void *out, bool bf16, int rows_per_block) {
@@ -77,11 +86,7 @@ __global__ void __launch_bounds__(DQ_THREADS)
     const int64_t e = experts ? experts[blockIdx.y] : blockIdx.y;
     for (int t = threadIdx.x; t < rows * units; t += blockDim.x) {
         const int r = t / units, u = t - r * units;
-        const int64_t row = row0 + r;
-        const uint8_t *body = m.body + e * m.expert_stride + row * m.row_stride + (int64_t)first_block * F::BODY;
-        const uint8_t *meta =
-            m.meta + e * m.meta_expert_stride + row * m.meta_row_stride + (int64_t)first_block * F::META;
-        F::dequant(F::load(body, meta, u), u, vals + r * n);
+        F::dequant(load_unit<F>(m, e, row0 + r, first_block, u), u, vals + r * n);
     }
     __syncthreads();
     /* n is a multiple of 32, so each row's chunk is whole groups of 8 */

@@ -86,11 +86,7 @@ __device__ __forceinline__ void eg_stage_weights(float *ws, const dmat &m, int64
         for (int i = 0; i < EG_LOADS; i++) {
             const int t = t0 + i * EG_THREADS, r = t / units, u = t - r * units;
             if (t >= total) break;
-            const int64_t row = min(m0 + r, m.rows - 1);
-            raw[i] = F::load(m.body + e * m.expert_stride + row * m.row_stride + (int64_t)first_block * F::BODY,
-                             m.meta + e * m.meta_expert_stride + row * m.meta_row_stride +
-                                 (int64_t)first_block * F::META,
-                             u);
+            raw[i] = load_unit<F>(m, e, min(m0 + r, m.rows - 1), first_block, u);
         }
 #pragma unroll
         for (int i = 0; i < EG_LOADS; i++) {

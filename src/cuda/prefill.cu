@@ -1028,14 +1028,26 @@ static void test_free(test_allocs *t) {
         cudaFree(t->p[i]);
 }
 
+/* A device copy of bytes at src, into *out. */
+static cudaError_t test_upload_bytes(test_allocs *t, const void *src, size_t bytes, void **out) {
+    cudaError_t e = test_alloc(t, out, bytes);
+    return e == cudaSuccess ? cudaMemcpy(*out, src, bytes, cudaMemcpyHostToDevice) : e;
+}
+
 /* A device copy of n floats at src (NULL stays NULL). */
 static cudaError_t test_upload(test_allocs *t, const float *src, size_t n, const float **out) {
-    *out = NULL;
-    if (!src) return cudaSuccess;
     void *p = NULL;
-    cudaError_t e = test_alloc(t, &p, n * sizeof(float));
-    if (e == cudaSuccess) e = cudaMemcpy(p, src, n * sizeof(float), cudaMemcpyHostToDevice);
+    const cudaError_t e = src ? test_upload_bytes(t, src, n * sizeof(float), &p) : cudaSuccess;
     *out = (const float *)p;
+    return e;
+}
+
+/* A test's launch (e: its launch error) waited for and its output of
+ * bytes at dev copied to out: the first error, cleared. */
+static cudaError_t test_download(cudaError_t e, void *out, const void *dev, size_t bytes) {
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaMemcpy(out, dev, bytes, cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) (void)cudaGetLastError();
     return e;
 }
 
@@ -1078,30 +1090,18 @@ moe_status cuda_test_dequant(moe_type type, int n_experts, int rows, int cols, c
     moe_status st = test_upload_slab(type, n_experts, rows, cols, w, &t, &m, err);
     if (st == MOE_OK) {
         cudaError_t e = test_alloc(&t, &d_out, out_bytes);
-        if (e == cudaSuccess && experts) e = test_alloc(&t, &d_ids, (size_t)n_pick * sizeof(int));
-        if (e == cudaSuccess && experts)
-            e = cudaMemcpy(d_ids, experts, (size_t)n_pick * sizeof(int), cudaMemcpyHostToDevice);
+        if (e == cudaSuccess && experts) e = test_upload_bytes(&t, experts, (size_t)n_pick * sizeof(int), &d_ids);
         if (e == cudaSuccess) e = cudaMemset(d_out, 0xff, out_bytes);
         if (e == cudaSuccess) {
             f->dequant(&m, (const int *)d_ids, n_pick, d_out, (int64_t)rows * cols, bf16, 0);
             e = cudaGetLastError();
         }
-        if (e == cudaSuccess) e = cudaDeviceSynchronize();
-        if (e == cudaSuccess) e = cudaMemcpy(out, d_out, out_bytes, cudaMemcpyDeviceToHost);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
+        if ((e = test_download(e, out, d_out, out_bytes)) != cudaSuccess)
             st = moe_error_set(err, MOE_ERR_IO, "dequant test (%s, %d x %d): %s", f->name, rows, cols,
                                cudaGetErrorName(e));
-        }
     }
     test_free(&t);
     return st;
-}
-
-/* A device copy of bytes at src, into *out. */
-static cudaError_t test_upload_bytes(test_allocs *t, const void *src, size_t bytes, void **out) {
-    cudaError_t e = test_alloc(t, out, bytes);
-    return e == cudaSuccess ? cudaMemcpy(*out, src, bytes, cudaMemcpyHostToDevice) : e;
 }
 
 moe_status cuda_test_expert_gemm(moe_type type, int n_experts, int rows, int cols, const void *w, const uint16_t *x,
@@ -1130,13 +1130,9 @@ moe_status cuda_test_expert_gemm(moe_type type, int n_experts, int rows, int col
             (void)f->expert_gemm(&a, n_tiles, 0);
             e = cudaGetLastError();
         }
-        if (e == cudaSuccess) e = cudaDeviceSynchronize();
-        if (e == cudaSuccess) e = cudaMemcpy(y, d_y, y_bytes, cudaMemcpyDeviceToHost);
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
+        if ((e = test_download(e, y, d_y, y_bytes)) != cudaSuccess)
             st = moe_error_set(err, MOE_ERR_IO, "expert GEMM test (%s, %d x %d): %s", f->name, rows, cols,
                                cudaGetErrorName(e));
-        }
     }
     test_free(&t);
     return st;
