@@ -93,9 +93,21 @@ static bool is_float_type(moe_type t) { return t == MOE_TYPE_F32 || t == MOE_TYP
 
 static int n_positions = 64;
 
+/* synth's presets, and "small-256": the small one with experts 256 wide,
+ * so that in q4_k every expert matrix is Q4_K (rows of 128 fall back to
+ * Q5_0) and its MoE layers can run as one launch (moe_ffn). */
+static const synth_preset *preset_named(const char *name) {
+    static synth_preset wide;
+    if (strcmp(name, "small-256") != 0) return synth_preset_by_name(name);
+    wide = *synth_preset_by_name("small");
+    wide.name = "small-256";
+    wide.n_ff_expert = 256;
+    return &wide;
+}
+
 /* A synthetic model (seed 11) written to `path`. */
 static bool synth_file(const char *preset, const char *arch, bool mixtral, const char *type, const char *path) {
-    synth_options o = {.preset = synth_preset_by_name(preset), .arch = arch, .llama_experts = mixtral,
+    synth_options o = {.preset = preset_named(preset), .arch = arch, .llama_experts = mixtral,
                        .recipe = quant_recipe_by_name(type), .out_path = path, .seed = 11, .n_threads = 0};
     moe_error err = {0};
     CHECKF(o.recipe != NULL, "no recipe %s", type);
@@ -141,18 +153,25 @@ static float *cpu_logits(const model *m, const int32_t *ids, int n) {
     return logits;
 }
 
-static float *gpu_logits(cuda_model *g, const model *m, const int32_t *ids, int n, bool graph, bool pdl) {
+/* The decode step's logits at every position under options o; *one_launch
+ * (when given): whether the MoE layers ran as one launch (moe_ffn). */
+static float *gpu_logits_with(cuda_model *g, const model *m, const int32_t *ids, int n, cuda_options o,
+                              bool *one_launch) {
     size_t vocab = (size_t)m->config.n_vocab;
     float *logits = malloc(n * vocab * sizeof *logits);
     for (size_t i = 0; i < n * vocab; i++) logits[i] = NAN;
-    cuda_options o = {graph, pdl};
     cuda_state *s = NULL;
     moe_error err = {0};
     CHECKF(cuda_state_new(g, n, &o, &s, &err) == MOE_OK, "%s", err.message);
+    if (s && one_launch) *one_launch = cuda_state_one_launch_ffn(s);
     for (int i = 0; s && i < n; i++) /* one token per call: the decode step (n > 1 would be the prefill) */
         CHECKF(cuda_forward(s, ids + i, 1, i, logits + i * vocab, false, &err) == MOE_OK, "%s", err.message);
     cuda_state_free(s);
     return logits;
+}
+
+static float *gpu_logits(cuda_model *g, const model *m, const int32_t *ids, int n, bool graph, bool pdl) {
+    return gpu_logits_with(g, m, ids, n, (cuda_options){.graph = graph, .pdl = pdl}, NULL);
 }
 
 static double rel_l2(const float *got, const float *want, size_t n) {
@@ -170,6 +189,29 @@ static int argmax(const float *x, int n) {
         if (x[i] > x[best]) best = i;
     return best;
 }
+
+/* got against want at each of n positions: float weights within TOL
+ * everywhere; quantized weights the same, except that once an activation
+ * code has flipped (see the top of this file) the positions from there on
+ * are held to FLIP_TOL. Prints the worst. */
+static void compare_positions(const char *label, const float *got, const float *want, int n, int vocab, bool exact) {
+    double worst = 0;
+    int worst_at = 0, bad = 0, flip_at = -1;
+    for (int t = 0; t < n; t++) {
+        double e = rel_l2(got + (size_t)t * vocab, want + (size_t)t * vocab, vocab);
+        if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "    position %d: %.3g\n", t, e);
+        if (!exact && flip_at < 0 && e > FLIP_FLOOR && t >= MIN_CLEAN) flip_at = t;
+        double limit = flip_at >= 0 && t >= flip_at ? FLIP_TOL : TOL;
+        if (!(e <= limit) && bad++ < 4) fprintf(stderr, "  %s position %d: relative L2 error %.3g (limit %.0e)\n", label, t, e, limit);
+        if (!(e <= worst)) worst = e, worst_at = t;
+    }
+    CHECKF(bad == 0, "%s: %d of %d positions over their limit (worst %.3g at %d)", label, bad, n, worst, worst_at);
+    printf("  %-34s worst rel L2 %.3g at position %d", label, worst, worst_at);
+    if (flip_at >= 0) printf(" (activation code flip from position %d)", flip_at);
+}
+
+/* Models whose MoE layers ran as one launch (moe_ffn) beside the CPU. */
+static int one_launch_models;
 
 /* GPU vs CPU on one model; with `variants`, also the launch modes and the
  * device-chained greedy decode. */
@@ -190,24 +232,20 @@ static void check_model(const model *m, const char *label, bool variants) {
     double t2 = monotonic_seconds();
     float *got = gpu_logits(g, m, ids, n, true, true);
     double t3 = monotonic_seconds();
-    /* Float weights: every position within TOL. Quantized weights: the
-     * same, except that once an activation code has flipped (see the top
-     * of this file) the positions from there on are held to FLIP_TOL. */
     const bool exact = is_float_type(m->layers[0].wq.type) && is_float_type(m->output.type);
-    double worst = 0;
-    int worst_at = 0, bad = 0, flip_at = -1;
-    for (int t = 0; t < n; t++) {
-        double e = rel_l2(got + (size_t)t * vocab, want + (size_t)t * vocab, vocab);
-        if (getenv("MOE_TEST_VERBOSE")) fprintf(stderr, "    position %d: %.3g\n", t, e);
-        if (!exact && flip_at < 0 && e > FLIP_FLOOR && t >= MIN_CLEAN) flip_at = t;
-        double limit = flip_at >= 0 && t >= flip_at ? FLIP_TOL : TOL;
-        if (!(e <= limit) && bad++ < 4) fprintf(stderr, "  %s position %d: relative L2 error %.3g (limit %.0e)\n", label, t, e, limit);
-        if (!(e <= worst)) worst = e, worst_at = t;
-    }
-    CHECKF(bad == 0, "%s: %d of %d positions over their limit (worst %.3g at %d)", label, bad, n, worst, worst_at);
-    printf("  %-34s worst rel L2 %.3g at position %d", label, worst, worst_at);
-    if (flip_at >= 0) printf(" (activation code flip from position %d)", flip_at);
+    compare_positions(label, got, want, n, vocab, exact);
     printf("; upload %.2f s, cpu %.2f s, gpu %.2f s\n", t1 - t0, t2 - t1, t3 - t2);
+    /* the MoE layers as one launch, where the model allows it */
+    bool one_launch = false;
+    float *fused = gpu_logits_with(g, m, ids, n, (cuda_options){.graph = true, .pdl = true, .moe_ffn = true}, &one_launch);
+    if (one_launch) {
+        char fused_label[128];
+        snprintf(fused_label, sizeof fused_label, "%s, one-launch FFN", label);
+        compare_positions(fused_label, fused, want, n, vocab, exact);
+        printf("\n");
+        one_launch_models++;
+    }
+    free(fused);
     if (variants) {
         const bool modes[3][2] = {{false, false}, {true, false}, {false, true}};
         for (int v = 0; v < 3; v++) {
@@ -267,6 +305,7 @@ static void test_synthetic_models(void) {
             cases[n++] = (forward_case){"tiny", archs[a], false, quick ? (a % 2 ? "q8_0" : "q4_k") : types[t]};
     cases[n++] = (forward_case){"tiny", "llama", true, "q4_k"};
     cases[n++] = (forward_case){"small", "qwen3moe", false, "q4_k"};
+    cases[n++] = (forward_case){"small-256", "qwen3moe", false, "q4_k"};
     if (!quick) {
         cases[n++] = (forward_case){"small", "qwen3moe", false, "q4_k_m"};
         cases[n++] = (forward_case){"small", "qwen2moe", false, "q8_0"};
@@ -282,6 +321,9 @@ run:
         check_model(m, label, i == 0 || i == n - 1 || strcmp(cases[i].type, "q4_k") == 0);
         model_free(m);
     }
+    /* small-256 qwen3moe q4_k (Q4_K o and experts, an F32 router) runs it;
+     * on 4 or more multiprocessors its blocks' shares fit in shared memory */
+    if (!only) CHECKF(one_launch_models > 0, "no model ran its MoE layers as one launch");
 }
 
 /* ---------------------------------------------------------------- the batched prefill */

@@ -323,6 +323,12 @@ static void note_state(report *r, const cuda_state *s) {
     note_memory(r);
 }
 
+/* "CUDA (NVIDIA H200)" becomes "CUDA (NVIDIA H200, note)". */
+static void append_backend_note(report *r, const char *note) {
+    size_t n = strlen(r->backend);
+    if (n > 0 && r->backend[n - 1] == ')') snprintf(r->backend + n - 1, sizeof r->backend - (n - 1), ", %s)", note);
+}
+
 /* Prompt processing: the prompt at positions 0.., reps times after a warm-up. */
 static int bench_cuda_pp(cuda_state *s, const bench_args *a, report *r, const int32_t *prompt) {
     moe_error err = {0};
@@ -372,10 +378,18 @@ static int bench_cuda_tg(cuda_state *s, const bench_args *a, report *r, const in
     return status;
 }
 
+/* The environment's options (MOE_CUDA_*) with graph and PDL set. */
+static cuda_options options_with(bool graph, bool pdl) {
+    cuda_options o = cuda_default_options();
+    o.graph = graph;
+    o.pdl = pdl;
+    return o;
+}
+
 /* The stage profile at a filled cache (--profile). */
 static int bench_cuda_profile(cuda_model *g, const bench_args *a, report *r, const int32_t *prompt) {
     moe_error err = {0};
-    cuda_options o = {false, false};
+    cuda_options o = options_with(false, false);
     cuda_state *s = NULL;
     int status = 0;
     if (cuda_state_new(g, a->profile_pos + CUDA_PROFILE_SPAN, &o, &s, &err) != MOE_OK) return cli_fail("bench", &err);
@@ -428,7 +442,9 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
     const struct {
         const char *name;
         cuda_options o;
-    } variants[] = {{"(graph+PDL)", {true, true}}, {"(graph)", {true, false}}, {"(no graph)", {false, false}}};
+    } variants[] = {{"(graph+PDL)", options_with(true, true)},
+                    {"(graph)", options_with(true, false)},
+                    {"(no graph)", options_with(false, false)}};
     int status = 0;
     for (size_t v = 0; v < sizeof variants / sizeof variants[0] && status == 0; v++) {
         cuda_state *s = NULL;
@@ -437,6 +453,7 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
             break;
         }
         note_state(r, s);
+        if (v == 0 && cuda_state_one_launch_ffn(s)) append_backend_note(r, "one-launch FFN");
         if (v == 0 && a->p > 0) status = bench_cuda_pp(s, a, r, prompt); /* default variant only: 3 would triple the run */
         if (status == 0 && a->n > 0) status = bench_cuda_tg(s, a, r, prompt, variants[v].name, v == 0);
         cuda_state_free(s);

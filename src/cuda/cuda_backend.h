@@ -47,6 +47,7 @@ typedef struct cuda_state cuda_state;
 typedef struct cuda_options {
     bool graph;
     bool pdl;
+    bool moe_ffn; /* a MoE layer's o projection, router and experts in one launch, where they fit */
 } cuda_options;
 
 #ifdef MOE_HAVE_CUDA
@@ -67,6 +68,7 @@ cuda_options cuda_default_options(void);
 moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cuda_state **out, moe_error *err);
 void cuda_state_free(cuda_state *s);
 size_t cuda_state_bytes(const cuda_state *s); /* device bytes of the KV cache and activations */
+bool cuda_state_one_launch_ffn(const cuda_state *s); /* the MoE layers run as one launch (options.moe_ffn) */
 
 /* As cpu_forward: tokens[0..n) at positions pos.., logits of every position
  * (all_logits) or of the last, n_vocab floats each; logits may be NULL. */
@@ -143,7 +145,7 @@ moe_status cuda_prefill_profile_run(cuda_state *s, const int32_t *tokens, int n,
  * where it runs, launch gap included). */
 enum {
     CUDA_STAGE_EMBED, CUDA_STAGE_QKV, CUDA_STAGE_ATTENTION, CUDA_STAGE_O, CUDA_STAGE_ROUTER, CUDA_STAGE_UP,
-    CUDA_STAGE_SH_UP, CUDA_STAGE_DOWN, CUDA_STAGE_SH_DOWN, CUDA_STAGE_HEAD, CUDA_STAGE_COUNT
+    CUDA_STAGE_SH_UP, CUDA_STAGE_DOWN, CUDA_STAGE_SH_DOWN, CUDA_STAGE_MOE_FFN, CUDA_STAGE_HEAD, CUDA_STAGE_COUNT
 };
 typedef struct cuda_stage_profile {
     const char *names[CUDA_STAGE_COUNT];

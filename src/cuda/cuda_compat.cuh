@@ -65,6 +65,11 @@ template <class K, class... A> void sim_launch_kernel(dim3 grid, dim3 block, siz
 #define LAUNCH(kernel_, grid_, block_, smem_, stream_, ...) \
     sim_launch_kernel(dim3(grid_), dim3(block_), (size_t)(smem_), kernel_, __VA_ARGS__)
 #define LAUNCH_PDL(pdl_, kernel_, grid_, block_, smem_, stream_, ...) LAUNCH(kernel_, grid_, block_, smem_, stream_, __VA_ARGS__)
+template <class K, class... A> void sim_launch_kernel_together(dim3 grid, dim3 block, size_t smem, K kernel, A... args) {
+    sim_launch(grid, block, smem, [=]() { kernel(args...); }, true);
+}
+#define LAUNCH_PDL_RESIDENT(pdl_, kernel_, grid_, block_, smem_, stream_, ...) \
+    sim_launch_kernel_together(dim3(grid_), dim3(block_), (size_t)(smem_), kernel_, __VA_ARGS__)
 #define DYN_SMEM(type, name) type *name = (type *)sim_dyn_smem()
 #else
 #define LAUNCH(kernel_, grid_, block_, smem_, stream_, ...) kernel_<<<(grid_), (block_), (smem_), (stream_)>>>(__VA_ARGS__)
@@ -84,6 +89,9 @@ template <class K, class... A> void sim_launch_kernel(dim3 grid, dim3 block, siz
         cfg_.numAttrs = 1;                                                                   \
         cudaLaunchKernelEx(&cfg_, kernel_, __VA_ARGS__);                                     \
     } while (0)
+/* A launch whose blocks meet at grid barriers (grid_sync): the caller has
+ * checked that every block can be resident at once. */
+#define LAUNCH_PDL_RESIDENT LAUNCH_PDL
 #define DYN_SMEM(type, name)                        \
     extern __shared__ __align__(16) uint8_t dyn_smem_[]; \
     type *name = (type *)dyn_smem_
@@ -114,6 +122,22 @@ static inline void cp_async16(void *smem, const void *gmem, bool valid) {
     else memset(smem, 0, 16);
 }
 static inline void cp_async_wait_all(void) {}
+static inline void store_release_gpu(unsigned *p, unsigned v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+/* A spinning thread lets the others run (fibers switch only when asked). */
+static inline void spin_pause(void) { sim_yield(); }
+/* Bulk copies complete at once; the transaction barrier only counts. */
+static inline void mbar_init(uint64_t *bar) { *bar = 0; }
+static inline void mbar_expect(uint64_t *bar, unsigned bytes) { *bar += bytes; }
+static inline void bulk_copy(void *smem, const void *gmem, unsigned bytes, uint64_t *bar) {
+    memcpy(smem, gmem, bytes);
+    *bar -= bytes;
+}
+static inline void mbar_wait(uint64_t *bar) {
+    if (*bar != 0) {
+        fprintf(stderr, "cuda_sim: %llu bytes of a transaction barrier never copied\n", (unsigned long long)*bar);
+        abort();
+    }
+}
 #else
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float f2h_round(float f) { return __half2float(__float2half_rn(f)); }
@@ -168,6 +192,40 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool va
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+__device__ __forceinline__ void store_release_gpu(unsigned *p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void spin_pause(void) {}
+/* Bulk copies from global to shared memory by the copy engine of the SM
+ * (cp.async.bulk, sm_90), counted by a transaction barrier in shared
+ * memory: one thread initialises it (mbar_init, then a block barrier),
+ * announces the bytes (mbar_expect, before the copies) and issues them;
+ * every thread that reads the copies waits (mbar_wait). Used once a
+ * launch (phase parity 0). Addresses and sizes: multiples of 16. */
+__device__ __forceinline__ void mbar_init(uint64_t *bar) {
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void *smem, const void *gmem, unsigned bytes, uint64_t *bar) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(smem), b = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(d),
+                 "l"(gmem), "r"(bytes), "r"(b)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar) {
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done)
+                     : "r"(b)
+                     : "memory");
+}
 /* c += A B on tensor cores, A 16 x 16 and B 16 x 8 bf16 as the PTX
  * fragments (the simulator's twin in cuda_sim.h spells out the layout). */
 __device__ __forceinline__ void mma_bf16_m16n8k16(float c[4], const unsigned a[4], const unsigned b[2]) {
@@ -246,6 +304,27 @@ __device__ __forceinline__ bool last_block(unsigned *counter, unsigned n_blocks,
     }
     __syncthreads();
     return *flag != 0;
+}
+
+/* Every block of a launch whose blocks are all resident meets here (a
+ * launch of at most one block a multiprocessor that fits one). bar[0]
+ * counts arrivals, bar[1] is the generation: the last to arrive resets the
+ * count and releases the next generation, which the others acquire. Both
+ * words are back where they started when it returns, so a graph replays it
+ * without a reset. A block reads the generation before it arrives, as it
+ * cannot move on before that block's arrival. */
+__device__ __forceinline__ void grid_sync(unsigned *bar, unsigned n_blocks) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned gen = load_acquire_gpu(bar + 1);
+        if (add_acq_rel_gpu(bar, 1u) == n_blocks - 1) {
+            atomicExch(bar, 0u);
+            store_release_gpu(bar + 1, gen + 1);
+        } else {
+            while (load_acquire_gpu(bar + 1) == gen) spin_pause();
+        }
+    }
+    __syncthreads();
 }
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t bits16) { return __int_as_float((int)(bits16 << 16)); }

@@ -45,7 +45,7 @@ static bool env_flag(const char *name, bool fallback) {
 static const char *const stage_names[CUDA_STAGE_COUNT] = {
     "embedding",          "attn norm + q/k/v",    "qk-norm/rope/kv/attention", "o + residual",
     "ffn norm + router",  "experts gate/up (+sh)", "shared gate/up",            "experts down (+sh)",
-    "shared down",        "final norm + head + argmax"};
+    "shared down",        "o + router + experts (one launch)", "final norm + head + argmax"};
 
 static double dmat_bytes(const dmat *m) { return (double)m->rows * (double)(m->row_stride + m->meta_row_stride); }
 
@@ -140,7 +140,7 @@ static void embed(cuda_state *s) {
     mark(s, CUDA_STAGE_EMBED, (double)e->row_stride + e->meta_row_stride);
 }
 
-static void attention_block(cuda_state *s, int l) {
+static void attention_block(cuda_state *s, int l, bool with_o) {
     const model_config *c = &s->m->config;
     const cuda_layer *w = &s->g->layers[l];
     act_in in = {s->x, w->attn_norm, c->rms_eps, c->n_embd};
@@ -174,6 +174,7 @@ static void attention_block(cuda_state *s, int l) {
     a.trace = trace_of(s, l, CUDA_STAGE_ATTENTION);
     if (live(s, CUDA_STAGE_ATTENTION)) cuda_attention(&a, s->stream, s->opt.pdl);
     mark(s, CUDA_STAGE_ATTENTION, 2.0 * (s->prof_pos + 1) * s->kv_dim * sizeof(float));
+    if (!with_o) return;
 
     act_in att = {s->att, NULL, 0.0f, s->q_dim};
     gemv_out o = {&w->wo, s->x, NULL};
@@ -279,6 +280,64 @@ static void ffn_block(cuda_state *s, int l) {
     }
 }
 
+/* What moe_ffn needs of layer l (the same shapes in every layer). */
+static moe_ffn_args moe_ffn_args_of(const cuda_state *s, int l) {
+    const model_config *c = &s->m->config;
+    const cuda_layer *w = &s->g->layers[l];
+    const cuda_format *f = cuda_format_of(w->exp_gate.type);
+    moe_ffn_args a;
+    memset(&a, 0, sizeof a);
+    a.att = act_in{s->att, NULL, 0.0f, s->q_dim};
+    a.wo = w->wo;
+    a.x = s->x;
+    a.x_in = act_in{s->x, w->ffn_norm, c->rms_eps, c->n_embd};
+    a.router = w->router;
+    a.route = route_of(s);
+    a.logits = s->router;
+    a.route_ids = s->route_ids;
+    a.route_w = s->route_w;
+    a.gate = w->exp_gate, a.up = w->exp_up, a.down = w->exp_down;
+    a.h = s->h;
+    a.barrier = s->grid_bar;
+    a.o_lanes = pick_lanes(w->wo.units, f->n);
+    a.up_lanes = pick_lanes(w->exp_gate.units, f->n);
+    a.down_lanes = pick_lanes(c->n_experts_used * w->exp_down.units, f->n);
+    return a;
+}
+
+/* The grid moe_ffn runs this model's MoE layers with (one block a
+ * multiprocessor, each with its share of every phase's rows in shared
+ * memory), or 0 where it cannot: not asked for, a shared expert, a router
+ * that is not F32, o and the experts not of one format that has it, or
+ * rows that do not fit. */
+static int moe_ffn_grid_of(const cuda_state *s, size_t *smem) {
+    const model_config *c = &s->m->config;
+    if (!s->opt.moe_ffn || c->n_experts == 0 || c->n_experts_used > MAX_EXPERTS_USED || c->n_embd % 4) return 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const cuda_layer *w = &s->g->layers[l];
+        const int t = w->exp_gate.type;
+        if (w->has_shared || w->router.type != MOE_TYPE_F32 || w->wo.type != t || w->exp_up.type != t ||
+            w->exp_down.type != t || !cuda_format_of(t)->moe_ffn.launch)
+            return 0;
+    }
+    const moe_ffn_args a = moe_ffn_args_of(s, 0);
+    const int grid = s->g->n_sm;
+    *smem = moe_ffn_layout_of(a, grid).total;
+    if (*smem > s->g->smem_optin || cuda_format_of(a.gate.type)->moe_ffn.occupancy(*smem) < 1) return 0;
+    return grid;
+}
+
+static void moe_ffn(cuda_state *s, int l) {
+    const model_config *c = &s->m->config;
+    const cuda_layer *w = &s->g->layers[l];
+    const moe_ffn_args a = moe_ffn_args_of(s, l);
+    if (live(s, CUDA_STAGE_MOE_FFN))
+        cuda_format_of(w->exp_gate.type)->moe_ffn.launch(&a, s->moe_ffn_grid, s->moe_ffn_smem, s->stream, s->opt.pdl);
+    mark(s, CUDA_STAGE_MOE_FFN,
+         dmat_bytes(&w->wo) + dmat_bytes(&w->router) +
+             c->n_experts_used * (dmat_bytes(&w->exp_gate) + dmat_bytes(&w->exp_up) + dmat_bytes(&w->exp_down)));
+}
+
 static void head(cuda_state *s) {
     const model_config *c = &s->m->config;
     act_in in = {s->x, s->g->output_norm, c->rms_eps, c->n_embd};
@@ -291,8 +350,10 @@ static void head(cuda_state *s) {
 static void enqueue_step(cuda_state *s) {
     embed(s);
     for (int l = 0; l < s->m->config.n_layers; l++) {
-        attention_block(s, l);
-        ffn_block(s, l);
+        const bool one_launch = s->moe_ffn_grid > 0;
+        attention_block(s, l, !one_launch);
+        if (one_launch) moe_ffn(s, l);
+        else ffn_block(s, l);
     }
     head(s);
 }
@@ -637,6 +698,7 @@ cuda_options cuda_default_options(void) {
     cuda_options o;
     o.graph = env_flag("MOE_CUDA_GRAPH", true);
     o.pdl = env_flag("MOE_CUDA_PDL", true); /* MOE_CUDA_PDL=0: plain graph edges */
+    o.moe_ffn = env_flag("MOE_CUDA_MOE_FFN", false);
     return o;
 }
 
@@ -671,6 +733,7 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->step = (int *)carve(base, used, 2 * sizeof(int));
     s->history = (int *)carve(base, used, (size_t)(s->n_ctx + 1) * sizeof(int));
     s->counters = (unsigned *)carve(base, used, (size_t)(1 + c->n_kv_heads) * sizeof(unsigned));
+    s->grid_bar = (unsigned *)carve(base, used, 2 * sizeof(unsigned));
     s->rope = (float *)carve(base, used, (size_t)s->n_ctx * c->n_rot * sizeof(float));
 }
 
@@ -765,6 +828,7 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         cuda_state_free(s);
         return moe_error_set(err, MOE_ERR_IO, "cannot clear the GPU state: %s", cudaGetErrorName(e));
     }
+    s->moe_ffn_grid = moe_ffn_grid_of(s, &s->moe_ffn_smem);
     if ((st = upload_rope_table(s, err)) != MOE_OK) {
         cuda_state_free(s);
         return st;
@@ -792,6 +856,7 @@ void cuda_state_free(cuda_state *s) {
 }
 
 size_t cuda_state_bytes(const cuda_state *s) { return s->bytes; }
+bool cuda_state_one_launch_ffn(const cuda_state *s) { return s->moe_ffn_grid > 0; }
 
 /* ---------------------------------------------------------------- bandwidth */
 

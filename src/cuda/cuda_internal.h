@@ -130,6 +130,30 @@ struct ffn_down_args {
     uint64_t *trace;
 };
 
+/* The MoE half of a layer in one launch (moe_ffn.cuh): x += Wo att, the
+ * router's logits of RMSNorm(x), the routing, then x += the k chosen
+ * experts' SwiGLU FFNs of it. No shared expert, no biases; the router F32. */
+struct moe_ffn_args {
+    act_in att;         /* o's input: the attention's output */
+    dmat wo;
+    float *x;           /* the residual stream, updated twice */
+    act_in x_in;        /* x with the FFN's norm: the router's and experts' input */
+    dmat router;
+    float *logits;      /* the router's (route.logits, written here) */
+    route_spec route;
+    int *route_ids;     /* block 0 publishes the routing (cuda_state_peek) */
+    float *route_w;
+    dmat gate, up, down; /* slabs */
+    float *h;           /* k x n_ff */
+    unsigned *barrier;  /* grid_sync's two words */
+    int o_lanes, up_lanes, down_lanes;
+};
+
+struct moe_ffn_fn {
+    void (*launch)(const moe_ffn_args *, int grid, size_t smem, cudaStream_t, bool pdl);
+    int (*occupancy)(size_t smem); /* blocks a multiprocessor; 0: cannot run */
+};
+
 struct attn_args {
     const float *qkv;              /* q (n_heads*hd), k, v (n_kv*hd each) */
     const float *q_norm, *k_norm;  /* or NULL */
@@ -184,6 +208,9 @@ struct cuda_format {
     /* Prefill: the experts' products of n_tiles token tiles; false, with
      * nothing launched, where the columns leave the kernel no step. */
     bool (*expert_gemm)(const expert_gemm_args *a, int n_tiles, cudaStream_t);
+    /* Decode: the MoE half of a layer in one launch, for formats whose
+     * units can be read from shared memory (moe_ffn.cuh); else NULLs. */
+    moe_ffn_fn moe_ffn;
 };
 
 /* The format of a weight type; NULL when the CUDA backend has no kernels. */
@@ -320,6 +347,9 @@ struct cuda_state {
     int *history;             /* (n_ctx + 1) argmax after each position */
     float *rope;              /* (n_ctx, n_rot) cos | sin, see attention.cu */
     unsigned *counters;       /* [0] argmax, [1..] attention per KV head */
+    unsigned *grid_bar;       /* (2) grid_sync's count and generation */
+    int moe_ffn_grid;         /* > 0: the MoE layers run moe_ffn, this many blocks */
+    size_t moe_ffn_smem;
     int q_dim, kv_dim, n_ff_routed, h_len;
     int attn_splits;
     int max_grid;

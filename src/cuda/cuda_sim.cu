@@ -21,15 +21,16 @@ extern "C" {
 #include "common/clock.h"
 }
 
-dim3 sim_blockIdx, sim_blockDim, sim_gridDim;
+dim3 sim_blockDim, sim_gridDim;
 
-enum { SIM_STACK = 256 * 1024, SIM_MAX_THREADS = 1024, SIM_SMEM = 232448 };
+enum { SIM_STACK = 256 * 1024, SIM_MAX_THREADS = 1024, SIM_MAX_FIBERS = 16384, SIM_SMEM = 232448 };
 
 struct sim_fiber {
     jmp_buf jb;
     ucontext_t uc;
     char *stack;
-    dim3 tid;
+    dim3 tid, bid;
+    int block; /* its block among those running together */
     bool done;
 };
 
@@ -38,25 +39,30 @@ struct sim_barrier {
     unsigned gen;
 };
 
-static sim_fiber *fibers[SIM_MAX_THREADS];
-static int n_fibers;
+/* What runs now: `n_blocks` blocks of `block_threads` threads; fiber
+ * b * block_threads + t is thread t of block b. */
+static sim_fiber *fibers[SIM_MAX_FIBERS];
+static int n_fibers, block_threads;
 static sim_fiber *cur;
 static jmp_buf sched_jb;
 static std::function<void()> *cur_body;
-static sim_barrier block_bar, warp_bar[SIM_MAX_THREADS / 32];
-static uint64_t warp_slots[SIM_MAX_THREADS];
-alignas(16) static unsigned char dyn_smem[SIM_SMEM];
+static std::vector<sim_barrier> block_bars, warp_bars; /* [block], [block * 32 + warp] */
+static std::vector<uint64_t> warp_slots;               /* [fiber] */
+static std::vector<unsigned char *> dyn_smem;          /* [block] */
 
 const dim3 &sim_thread_idx(void) { return cur->tid; }
-void *sim_dyn_smem(void) { return dyn_smem; }
+const dim3 &sim_block_idx(void) { return cur->bid; }
+void *sim_dyn_smem(void) { return dyn_smem[cur->block]; }
 
 static int linear_tid(const sim_fiber *f) {
     return (int)(f->tid.x + sim_blockDim.x * (f->tid.y + sim_blockDim.y * f->tid.z));
 }
+static sim_barrier *warp_bar_of(const sim_fiber *f) { return &warp_bars[f->block * 32 + linear_tid(f) / 32]; }
 
 static void yield_to_scheduler(void) {
     if (_setjmp(cur->jb) == 0) _longjmp(sched_jb, 1);
 }
+void sim_yield(void) { yield_to_scheduler(); }
 
 static void barrier_release_if_complete(sim_barrier *b) {
     if (b->arrived > 0 && b->arrived >= b->live) {
@@ -72,15 +78,15 @@ static void barrier_wait(sim_barrier *b) {
     while (b->gen == gen) yield_to_scheduler();
 }
 
-void sim_syncthreads(void) { barrier_wait(&block_bar); }
-void sim_syncwarp(void) { barrier_wait(&warp_bar[linear_tid(cur) / 32]); }
+void sim_syncthreads(void) { barrier_wait(&block_bars[cur->block]); }
+void sim_syncwarp(void) { barrier_wait(warp_bar_of(cur)); }
 
 uint64_t sim_warp_exchange(uint64_t mine, int src_lane) {
-    int t = linear_tid(cur), warp = t / 32;
-    warp_slots[t] = mine;
-    barrier_wait(&warp_bar[warp]);
-    uint64_t got = warp_slots[warp * 32 + (src_lane & 31)];
-    barrier_wait(&warp_bar[warp]);
+    const int warp = linear_tid(cur) / 32, first = cur->block * block_threads + warp * 32;
+    warp_slots[first + (linear_tid(cur) & 31)] = mine;
+    barrier_wait(warp_bar_of(cur));
+    uint64_t got = warp_slots[first + (src_lane & 31)];
+    barrier_wait(warp_bar_of(cur));
     return got;
 }
 
@@ -91,11 +97,11 @@ static void fiber_main(void) {
         (*cur_body)();
         self = cur;
         self->done = true;
-        int t = linear_tid(self);
-        block_bar.live--;
-        barrier_release_if_complete(&block_bar);
-        warp_bar[t / 32].live--;
-        barrier_release_if_complete(&warp_bar[t / 32]);
+        sim_barrier *b = &block_bars[self->block], *w = warp_bar_of(self);
+        b->live--;
+        barrier_release_if_complete(b);
+        w->live--;
+        barrier_release_if_complete(w);
         yield_to_scheduler();
     }
 }
@@ -128,19 +134,33 @@ struct sim_graph {
 static bool capturing;
 static sim_graph *capture;
 
-static void run_block(int n, std::function<void()> &body) {
-    ensure_fibers(n);
-    cur_body = &body;
-    block_bar = sim_barrier{0, n, 0};
-    for (int w = 0; w < (n + 31) / 32; w++) warp_bar[w] = sim_barrier{0, n - 32 * w < 32 ? n - 32 * w : 32, 0};
-    for (int i = 0; i < n; i++) {
-        sim_fiber *f = fibers[i];
-        f->done = false;
-        f->tid = dim3(i % sim_blockDim.x, (i / sim_blockDim.x) % sim_blockDim.y, i / (sim_blockDim.x * sim_blockDim.y));
+/* The blocks `bids` at once, round-robin over all their threads. */
+static void run_blocks(const std::vector<dim3> &bids, int n, std::function<void()> &body) {
+    const int nb = (int)bids.size(), total = nb * n;
+    if (total > SIM_MAX_FIBERS) {
+        fprintf(stderr, "cuda_sim: %d blocks of %d threads at once\n", nb, n);
+        abort();
     }
-    for (int remaining = n; remaining > 0;) {
+    ensure_fibers(total);
+    cur_body = &body;
+    block_threads = n;
+    block_bars.assign(nb, sim_barrier{0, n, 0});
+    warp_bars.assign((size_t)nb * 32, sim_barrier{0, 0, 0});
+    warp_slots.assign(total, 0);
+    while ((int)dyn_smem.size() < nb) dyn_smem.push_back((unsigned char *)aligned_alloc(16, SIM_SMEM));
+    for (int b = 0; b < nb; b++)
+        for (int w = 0; w < (n + 31) / 32; w++) warp_bars[b * 32 + w].live = n - 32 * w < 32 ? n - 32 * w : 32;
+    for (int i = 0; i < total; i++) {
+        sim_fiber *f = fibers[i];
+        const int t = i % n;
+        f->done = false;
+        f->block = i / n;
+        f->bid = bids[i / n];
+        f->tid = dim3(t % sim_blockDim.x, (t / sim_blockDim.x) % sim_blockDim.y, t / (sim_blockDim.x * sim_blockDim.y));
+    }
+    for (int remaining = total; remaining > 0;) {
         remaining = 0;
-        for (int i = 0; i < n; i++) {
+        for (int i = 0; i < total; i++) {
             if (fibers[i]->done) continue;
             cur = fibers[i];
             if (_setjmp(sched_jb) == 0) _longjmp(cur->jb, 1);
@@ -149,7 +169,7 @@ static void run_block(int n, std::function<void()> &body) {
     }
 }
 
-static void run_kernel(dim3 grid, dim3 block, std::function<void()> &body) {
+static void run_kernel(dim3 grid, dim3 block, std::function<void()> &body, bool together) {
     int n = (int)(block.x * block.y * block.z);
     if (n > SIM_MAX_THREADS) {
         fprintf(stderr, "cuda_sim: block of %d threads\n", n);
@@ -157,24 +177,29 @@ static void run_kernel(dim3 grid, dim3 block, std::function<void()> &body) {
     }
     sim_gridDim = grid;
     sim_blockDim = block;
+    std::vector<dim3> bids;
     for (unsigned z = 0; z < grid.z; z++)
         for (unsigned y = 0; y < grid.y; y++)
             for (unsigned x = 0; x < grid.x; x++) {
-                sim_blockIdx = dim3(x, y, z);
-                run_block(n, body);
+                bids.push_back(dim3(x, y, z));
+                if (!together) {
+                    run_blocks(bids, n, body);
+                    bids.clear();
+                }
             }
+    if (together) run_blocks(bids, n, body);
 }
 
-void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body) {
+void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body, bool together) {
     if (smem > SIM_SMEM) {
         fprintf(stderr, "cuda_sim: %zu bytes of dynamic shared memory\n", smem);
         abort();
     }
     if (capturing) {
-        capture->ops.push_back([=]() mutable { run_kernel(grid, block, body); });
+        capture->ops.push_back([=]() mutable { run_kernel(grid, block, body, together); });
         return;
     }
-    run_kernel(grid, block, body);
+    run_kernel(grid, block, body, together);
 }
 
 static void enqueue(std::function<void()> op) {
@@ -201,9 +226,10 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
     snprintf(p->name, sizeof p->name, "moe.c CUDA simulator (CPU)");
     /* MOE_SIM_SMS: more multiprocessors make the kernels split work the
      * way they do on a real GPU (attention over several splits and their
-     * merge); 2 keeps the simulation quick. */
+     * merge); 4 keeps the simulation quick and is the fewest that fit the
+     * one-launch FFN of the small-256 test model in shared memory. */
     const char *sms = getenv("MOE_SIM_SMS");
-    p->multiProcessorCount = sms && atoi(sms) > 0 ? atoi(sms) : 2;
+    p->multiProcessorCount = sms && atoi(sms) > 0 ? atoi(sms) : 4;
     p->l2CacheSize = 1 << 20;
     p->sharedMemPerBlockOptin = SIM_SMEM;
     p->totalGlobalMem = (size_t)8 << 30;

@@ -130,15 +130,21 @@ template <class F> cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int
 
 /* ---------------------------------------------------------------- execution */
 
-extern dim3 sim_blockIdx, sim_blockDim, sim_gridDim;
+extern dim3 sim_blockDim, sim_gridDim;
 const dim3 &sim_thread_idx(void);
+const dim3 &sim_block_idx(void);
 #define threadIdx (sim_thread_idx())
-#define blockIdx sim_blockIdx
+#define blockIdx (sim_block_idx())
 #define blockDim sim_blockDim
 #define gridDim sim_gridDim
 
-void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body);
+/* together: every block at once (a launch whose blocks meet at grid
+ * barriers), each with its own dynamic shared memory; such kernels keep
+ * no `__shared__` variables (those are static here). Otherwise blocks
+ * run one after another. */
+void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body, bool together = false);
 void *sim_dyn_smem(void);
+void sim_yield(void);
 void sim_syncthreads(void);
 void sim_syncwarp(void);
 uint64_t sim_warp_exchange(uint64_t mine, int src_lane);

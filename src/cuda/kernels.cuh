@@ -1155,6 +1155,7 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
 
 #include "cuda/dequant.cuh"
 #include "cuda/expert_gemm.cuh"
+#include "cuda/moe_ffn.cuh"
 
 /* The launches of a format's kernels, each picking the instance for the
  * launch's shape (gemv_rows, ffn_up's ACT_REGS and SHARED, ffn_down's SHARED). */
@@ -1239,6 +1240,6 @@ static cudaError_t format_allow_smem(int bytes) {
         F::TYPE,          #ident,         F::BLOCK,        F::BODY,         F::META,                 F::UNITS,  \
         F::ACT,           F::N,           F::repack,       launch_gemv<F>,  launch_up<F>,            launch_down<F>, \
         launch_embed<F>,  format_occupancy<F>, format_allow_smem<F>, launch_dequant<F>, \
-        launch_expert_gemm<F>};
+        launch_expert_gemm<F>, moe_ffn_of<F>()};
 
 #endif

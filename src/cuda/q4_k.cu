@@ -93,4 +93,15 @@ struct unit_prep<fmt_q4_k> {
     }
 };
 
+/* A unit of a row in shared memory (moe_ffn.cuh): the same two 16-byte
+ * words, read from there. */
+template <>
+struct shared_units<fmt_q4_k> {
+    static constexpr bool value = true;
+    static __device__ __forceinline__ fmt_q4_k::raw load(const uint8_t *row, int u) {
+        const uint8_t *blk = row + (u >> 3) * fmt_q4_k::BODY;
+        return fmt_q4_k::raw{*(const uint4 *)(blk + 16 + 16 * (u & 7)), *(const uint4 *)blk};
+    }
+};
+
 DEFINE_CUDA_FORMAT(fmt_q4_k, q4_k)
