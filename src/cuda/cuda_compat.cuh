@@ -122,7 +122,8 @@ static inline void cp_async16(void *smem, const void *gmem, bool valid) {
     else memset(smem, 0, 16);
 }
 static inline void cp_async_wait_all(void) {}
-static inline void store_release_gpu(unsigned *p, unsigned v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static inline uint64_t add_acq_rel_gpu64(uint64_t *p, uint64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
+static inline uint64_t load_acquire_gpu64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 /* A spinning thread lets the others run (fibers switch only when asked). */
 static inline void spin_pause(void) { sim_yield(); }
 /* Bulk copies complete at once; the transaction barrier only counts. */
@@ -192,8 +193,16 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool va
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
-__device__ __forceinline__ void store_release_gpu(unsigned *p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+/* The same on 64 bits: grid_sync's ticket. */
+__device__ __forceinline__ uint64_t add_acq_rel_gpu64(uint64_t *p, uint64_t v) {
+    uint64_t old;
+    asm volatile("atom.acq_rel.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
+    return old;
+}
+__device__ __forceinline__ uint64_t load_acquire_gpu64(const uint64_t *p) {
+    uint64_t v;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
 }
 __device__ __forceinline__ void spin_pause(void) {}
 /* Bulk copies from global to shared memory by the copy engine of the SM
@@ -307,22 +316,17 @@ __device__ __forceinline__ bool last_block(unsigned *counter, unsigned n_blocks,
 }
 
 /* Every block of a launch whose blocks are all resident meets here (a
- * launch of at most one block a multiprocessor that fits one). bar[0]
- * counts arrivals, bar[1] is the generation: the last to arrive resets the
- * count and releases the next generation, which the others acquire. Both
- * words are back where they started when it returns, so a graph replays it
- * without a reset. A block reads the generation before it arrives, as it
- * cannot move on before that block's arrival. */
-__device__ __forceinline__ void grid_sync(unsigned *bar, unsigned n_blocks) {
+ * launch of at most one block a multiprocessor that fits one). The
+ * counter only grows, over barriers and launches of the same grid size:
+ * a block's ticket says which barrier it arrived at (no block arrives at
+ * the next before every block has arrived at this one), and it leaves once
+ * the count reaches that barrier's end. One atomic round trip, no reset by
+ * a last block; 64 bits never wrap. */
+__device__ __forceinline__ void grid_sync(uint64_t *counter, unsigned n_blocks) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        const unsigned gen = load_acquire_gpu(bar + 1);
-        if (add_acq_rel_gpu(bar, 1u) == n_blocks - 1) {
-            atomicExch(bar, 0u);
-            store_release_gpu(bar + 1, gen + 1);
-        } else {
-            while (load_acquire_gpu(bar + 1) == gen) spin_pause();
-        }
+        const uint64_t end = (add_acq_rel_gpu64(counter, 1) / n_blocks + 1) * n_blocks;
+        while (load_acquire_gpu64(counter) < end) spin_pause();
     }
     __syncthreads();
 }

@@ -284,7 +284,6 @@ static void ffn_block(cuda_state *s, int l) {
 static moe_ffn_args moe_ffn_args_of(const cuda_state *s, int l) {
     const model_config *c = &s->m->config;
     const cuda_layer *w = &s->g->layers[l];
-    const cuda_format *f = cuda_format_of(w->exp_gate.type);
     moe_ffn_args a;
     memset(&a, 0, sizeof a);
     a.att = act_in{s->att, NULL, 0.0f, s->q_dim};
@@ -299,9 +298,12 @@ static moe_ffn_args moe_ffn_args_of(const cuda_state *s, int l) {
     a.gate = w->exp_gate, a.up = w->exp_up, a.down = w->exp_down;
     a.h = s->h;
     a.barrier = s->grid_bar;
-    a.o_lanes = pick_lanes(w->wo.units, f->n);
-    a.up_lanes = pick_lanes(w->exp_gate.units, f->n);
-    a.down_lanes = pick_lanes(c->n_experts_used * w->exp_down.units, f->n);
+    const int k = c->n_experts_used, blocks = s->g->n_sm; /* moe_ffn_grid_of's grid */
+    a.o_lanes = moe_ffn_lanes(max_share(w->wo.rows, blocks), w->wo.units);
+    a.up_lanes = moe_ffn_lanes(max_share(k * w->exp_gate.rows, blocks), w->exp_gate.units);
+    a.down_lanes = moe_ffn_lanes(max_share(w->exp_down.rows, blocks), k * w->exp_down.units);
+    const int phase_stage[4] = {CUDA_STAGE_O, CUDA_STAGE_ROUTER, CUDA_STAGE_UP, CUDA_STAGE_DOWN};
+    for (int p = 0; p < 4; p++) a.trace[p] = trace_of(s, l, phase_stage[p]);
     return a;
 }
 
@@ -654,6 +656,7 @@ moe_status cuda_timeline_layer(cuda_state *s, int32_t token, int pos, int layer,
         int most = s->max_grid;
         if (c->n_kv_heads * s->attn_splits > most) most = c->n_kv_heads * s->attn_splits;
         if (c->n_experts > most) most = c->n_experts;
+        if (s->moe_ffn_grid > most) most = s->moe_ffn_grid;
         s->trace_blocks = most;
         CUDA_CHECK(cudaMalloc(&s->trace, (size_t)CUDA_STAGE_COUNT * most * TRACE_POINTS * sizeof(uint64_t)));
     }
@@ -733,7 +736,7 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->step = (int *)carve(base, used, 2 * sizeof(int));
     s->history = (int *)carve(base, used, (size_t)(s->n_ctx + 1) * sizeof(int));
     s->counters = (unsigned *)carve(base, used, (size_t)(1 + c->n_kv_heads) * sizeof(unsigned));
-    s->grid_bar = (unsigned *)carve(base, used, 2 * sizeof(unsigned));
+    s->grid_bar = (uint64_t *)carve(base, used, sizeof(uint64_t));
     s->rope = (float *)carve(base, used, (size_t)s->n_ctx * c->n_rot * sizeof(float));
 }
 

@@ -145,8 +145,9 @@ struct moe_ffn_args {
     float *route_w;
     dmat gate, up, down; /* slabs */
     float *h;           /* k x n_ff */
-    unsigned *barrier;  /* grid_sync's two words */
+    uint64_t *barrier;  /* grid_sync's counter */
     int o_lanes, up_lanes, down_lanes;
+    uint64_t *trace[4]; /* each phase's marks (moe_ffn_phase), in its stage's slots; NULL: untraced */
 };
 
 struct moe_ffn_fn {
@@ -347,7 +348,7 @@ struct cuda_state {
     int *history;             /* (n_ctx + 1) argmax after each position */
     float *rope;              /* (n_ctx, n_rot) cos | sin, see attention.cu */
     unsigned *counters;       /* [0] argmax, [1..] attention per KV head */
-    unsigned *grid_bar;       /* (2) grid_sync's count and generation */
+    uint64_t *grid_bar;       /* grid_sync's counter (moe_ffn launches, all of one grid size) */
     int moe_ffn_grid;         /* > 0: the MoE layers run moe_ffn, this many blocks */
     size_t moe_ffn_smem;
     int q_dim, kv_dim, n_ff_routed, h_len;

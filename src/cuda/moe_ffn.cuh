@@ -44,13 +44,27 @@ __host__ __device__ inline void share_of(int b, int blocks, int n, int *lo, int 
 /* The largest share of n items over `blocks` blocks. */
 __host__ __device__ inline int max_share(int n, int blocks) { return (n + blocks - 1) / blocks; }
 
+enum {
+    MOE_FFN_THREADS = 512, /* 16 warps: every row of a phase's share worked at once (moe_ffn_lanes) */
+    GATE_UP_CHUNKS = 4,    /* gate/up rows arrive in parts: the first part's rows are worked on while the rest arrive */
+    MOE_FFN_CTRL = 512     /* transaction barriers, the routing */
+};
+
+/* Lanes a row in a phase of `rows` rows (a block's share) of `units`
+ * units each: as many as let every row be worked at once, no more than
+ * the units. A block is alone on its multiprocessor: its few warps have
+ * to hide the latency of the shared-memory reads by working side by side. */
+__host__ __device__ inline int moe_ffn_lanes(int rows, int units) {
+    int L = 32;
+    while (L > 1 && (L / 2 >= units || (rows + 32 / L - 1) / (32 / L) > MOE_FFN_THREADS / 32)) L /= 2;
+    return L;
+}
+
 /* Where each thing lives in a block's dynamic shared memory. */
 struct moe_ffn_layout {
     size_t o, router, gate_up, down, act, xf, total;
     int o_rows, router_rows, pairs, down_rows; /* the largest shares */
 };
-
-enum { MOE_FFN_CTRL = 512 }; /* transaction barriers, the routing */
 
 __host__ __device__ inline moe_ffn_layout moe_ffn_layout_of(const moe_ffn_args &a, int blocks) {
     moe_ffn_layout l;
@@ -72,13 +86,24 @@ __host__ __device__ inline moe_ffn_layout moe_ffn_layout_of(const moe_ffn_args &
     return l;
 }
 
-/* The block's control area: a transaction barrier a phase's copies, the routing. */
+/* The block's transaction barriers: one a phase's copies, gate/up's one a part. */
+enum { BAR_O, BAR_ROUTER, BAR_DOWN, BAR_GATE_UP, N_BARS = BAR_GATE_UP + GATE_UP_CHUNKS };
+
+/* The block's control area: its transaction barriers, the routing. */
 struct moe_ffn_ctrl {
-    uint64_t bar[4];
+    uint64_t bar[N_BARS];
     int ids[MAX_EXPERTS_USED];
     float w[MAX_EXPERTS_USED];
 };
-enum { BAR_O, BAR_ROUTER, BAR_GATE_UP, BAR_DOWN };
+
+/* The phases, and what their timeline marks mean (moe bench --profile
+ * shows them in the rows of the launches they replace): ENTRY the phase
+ * begins (o: the kernel's entry; the others: their grid barrier returned),
+ * WAITED its input is there (o: the launch before has ended; router and
+ * down: the activation is staged; gate/up: routed, the expert rows asked
+ * for), STAGED its rows have arrived in shared memory (gate/up: thread
+ * 0's part), WORKED it is done. */
+enum { PHASE_O, PHASE_ROUTER, PHASE_GATE_UP, PHASE_DOWN };
 
 /* Rows [lo, hi) of m (expert e of a slab) to shared memory at dst. */
 __device__ __forceinline__ unsigned copy_rows(uint8_t *dst, const dmat &m, int e, int lo, int hi, uint64_t *bar) {
@@ -103,28 +128,61 @@ __device__ __forceinline__ void fetch_dense(const moe_ffn_args &a, uint8_t *smem
     copy_rows(smem + l.router, a.router, 0, lo, hi, &c->bar[BAR_ROUTER]);
 }
 
-/* Thread 0, once routed: the chosen experts' gate/up rows of the block's
- * pairs (a pair is a slot and a row; a run of one slot is contiguous in
- * the slab) and their down rows of the block's output rows. */
-__device__ __forceinline__ void fetch_experts(const moe_ffn_args &a, uint8_t *smem, const moe_ffn_layout &l,
-                                              moe_ffn_ctrl *c) {
-    const int k = a.route.k, R = a.gate.rows;
-    int p_lo, p_hi, d_lo, d_hi;
-    share_of(blockIdx.x, gridDim.x, k * R, &p_lo, &p_hi);
-    share_of(blockIdx.x, gridDim.x, a.down.rows, &d_lo, &d_hi);
-    mbar_expect(&c->bar[BAR_GATE_UP], 2 * rows_bytes(a.gate, p_lo, p_hi));
+/* Part `part` of the block's gate/up pairs [lo, hi) (a pair is a slot and
+ * a row; a run of one slot is contiguous in the slab): its pairs' range. */
+__device__ __forceinline__ void gate_up_part(int part, int lo, int hi, int *p_lo, int *p_hi) {
+    share_of(part, GATE_UP_CHUNKS, hi - lo, p_lo, p_hi);
+    *p_lo += lo, *p_hi += lo;
+}
+
+/* The part of pair i (from the block's first) of n. */
+__device__ __forceinline__ int part_of_pair(int i, int n) {
+    int part = 0, lo, hi;
+    for (; part < GATE_UP_CHUNKS - 1; part++) {
+        share_of(part, GATE_UP_CHUNKS, n, &lo, &hi);
+        if (i < hi) break;
+    }
+    return part;
+}
+
+/* One gate/up part's rows of the chosen experts. */
+__device__ __forceinline__ void fetch_gate_up_part(const moe_ffn_args &a, uint8_t *smem, const moe_ffn_layout &l,
+                                                   moe_ffn_ctrl *c, int part) {
+    const int R = a.gate.rows;
+    int lo, hi, p_lo, p_hi;
+    share_of(blockIdx.x, gridDim.x, a.route.k * R, &lo, &hi);
+    gate_up_part(part, lo, hi, &p_lo, &p_hi);
+    uint64_t *bar = &c->bar[BAR_GATE_UP + part];
+    mbar_expect(bar, 2 * rows_bytes(a.gate, p_lo, p_hi));
     uint8_t *gate = smem + l.gate_up, *up = gate + (size_t)l.pairs * a.gate.row_stride;
     for (int p = p_lo; p < p_hi;) {
         const int j = p / R, r = p - j * R, end = min(p_hi, (j + 1) * R);
-        const size_t at = (size_t)(p - p_lo) * a.gate.row_stride;
-        copy_rows(gate + at, a.gate, c->ids[j], r, r + end - p, &c->bar[BAR_GATE_UP]);
-        copy_rows(up + at, a.up, c->ids[j], r, r + end - p, &c->bar[BAR_GATE_UP]);
+        const size_t at = (size_t)(p - lo) * a.gate.row_stride;
+        copy_rows(gate + at, a.gate, c->ids[j], r, r + end - p, bar);
+        copy_rows(up + at, a.up, c->ids[j], r, r + end - p, bar);
         p = end;
     }
-    mbar_expect(&c->bar[BAR_DOWN], k * rows_bytes(a.down, d_lo, d_hi));
-    for (int j = 0; j < k; j++)
-        copy_rows(smem + l.down + (size_t)j * l.down_rows * a.down.row_stride, a.down, c->ids[j], d_lo, d_hi,
-                  &c->bar[BAR_DOWN]);
+}
+
+/* Slot j's down rows of the block's output rows. Slot 0's lane announces
+ * every slot's bytes: a copy may complete before that (the barrier's
+ * byte count goes below zero for a while, which PTX allows). */
+__device__ __forceinline__ void fetch_down_slot(const moe_ffn_args &a, uint8_t *smem, const moe_ffn_layout &l,
+                                                moe_ffn_ctrl *c, int j) {
+    int lo, hi;
+    share_of(blockIdx.x, gridDim.x, a.down.rows, &lo, &hi);
+    if (j == 0) mbar_expect(&c->bar[BAR_DOWN], a.route.k * rows_bytes(a.down, lo, hi));
+    copy_rows(smem + l.down + (size_t)j * l.down_rows * a.down.row_stride, a.down, c->ids[j], lo, hi,
+              &c->bar[BAR_DOWN]);
+}
+
+/* The routing warp, once routed: its lanes ask for the chosen experts'
+ * rows side by side, gate/up's parts first. */
+__device__ __forceinline__ void fetch_experts(const moe_ffn_args &a, uint8_t *smem, const moe_ffn_layout &l,
+                                              moe_ffn_ctrl *c) {
+    const int lane = threadIdx.x & 31;
+    if (lane < GATE_UP_CHUNKS) fetch_gate_up_part(a, smem, l, c, lane);
+    else if (lane - GATE_UP_CHUNKS < a.route.k) fetch_down_slot(a, smem, l, c, lane - GATE_UP_CHUNKS);
 }
 
 /* One row's partial dot product over this lane's units (sub, sub + L, ...)
@@ -159,6 +217,7 @@ __device__ __forceinline__ void o_phase(const moe_ffn_args &a, uint8_t *smem, co
     stage_act(F::ACT, a.att, smem + l.act);
     const act_view av = act_view_of(F::ACT, smem + l.act, a.att.n);
     mbar_wait(&c->bar[BAR_O]);
+    trace_mark(a.trace[PHASE_O], TRACE_STAGED);
     const uint8_t *rows = smem + l.o;
     for_rows(
         hi - lo, a.o_lanes,
@@ -175,8 +234,10 @@ __device__ __forceinline__ void router_phase(const moe_ffn_args &a, uint8_t *sme
     share_of(blockIdx.x, gridDim.x, a.router.rows, &lo, &hi);
     float *xf = (float *)(smem + l.xf);
     stage_f32_normed(a.x_in, xf, NULL, NULL, (float *)(smem + l.xf + act_bytes(ACT_F32, a.x_in.n)));
-    stage_act_normed(F::ACT, a.x_in, smem + l.act, NULL, NULL);
+    stage_act(F::ACT, act_in{xf, NULL, 0.0f, a.x_in.n}, smem + l.act); /* the same values, from shared memory */
+    trace_mark(a.trace[PHASE_ROUTER], TRACE_WAITED);
     mbar_wait(&c->bar[BAR_ROUTER]);
+    trace_mark(a.trace[PHASE_ROUTER], TRACE_STAGED);
     const int n = a.x_in.n;
     for_rows(
         hi - lo, 32,
@@ -201,11 +262,12 @@ __device__ __forceinline__ void gate_up_phase(const moe_ffn_args &a, uint8_t *sm
     const act_view av = act_view_of(F::ACT, smem + l.act, a.x_in.n);
     const uint8_t *gate = smem + l.gate_up, *up = gate + (size_t)l.pairs * a.gate.row_stride;
     const int L = a.up_lanes, U = a.gate.units;
-    mbar_wait(&c->bar[BAR_GATE_UP]);
     for (int base = (threadIdx.x >> 5) * (32 / L); base < hi - lo; base += (blockDim.x >> 5) * (32 / L)) {
         const int i = base + (threadIdx.x & 31) / L, sub = threadIdx.x & (L - 1);
         float g = 0.0f, u = 0.0f;
         if (i < hi - lo) {
+            mbar_wait(&c->bar[BAR_GATE_UP + part_of_pair(i, hi - lo)]);
+            trace_mark(a.trace[PHASE_GATE_UP], TRACE_STAGED);
             g = shared_row_dot<F>(gate + (size_t)i * a.gate.row_stride, U, av, 0, L, sub);
             u = shared_row_dot<F>(up + (size_t)i * a.gate.row_stride, U, av, 0, L, sub);
         }
@@ -226,7 +288,9 @@ __device__ __forceinline__ void down_phase(const moe_ffn_args &a, uint8_t *smem,
     const act_in h = {a.h, NULL, 0.0f, k * a.down.cols};
     stage_act<true>(F::ACT, h, smem + l.act);
     const act_view av = act_view_of(F::ACT, smem + l.act, h.n);
+    trace_mark(a.trace[PHASE_DOWN], TRACE_WAITED);
     mbar_wait(&c->bar[BAR_DOWN]);
+    trace_mark(a.trace[PHASE_DOWN], TRACE_STAGED);
     const size_t expert_rows = (size_t)l.down_rows * a.down.row_stride;
     for_rows(
         hi - lo, a.down_lanes,
@@ -243,44 +307,54 @@ __device__ __forceinline__ void down_phase(const moe_ffn_args &a, uint8_t *smem,
 }
 
 template <class F>
-__global__ void __launch_bounds__(GEMV_THREADS) moe_ffn_kernel(const moe_ffn_args a) {
+__global__ void __launch_bounds__(MOE_FFN_THREADS, 1) moe_ffn_kernel(const moe_ffn_args a) {
     DYN_SMEM(uint8_t, smem);
     const moe_ffn_layout l = moe_ffn_layout_of(a, gridDim.x);
     moe_ffn_ctrl *c = (moe_ffn_ctrl *)smem;
+    trace_mark(a.trace[PHASE_O], TRACE_ENTRY);
     if (threadIdx.x == 0) {
-        for (int i = 0; i < 4; i++) mbar_init(&c->bar[i]);
+        for (int i = 0; i < N_BARS; i++) mbar_init(&c->bar[i]);
         fetch_dense(a, smem, l, c); /* weights never depend on the launch before */
     }
     __syncthreads();
     pdl_wait();
+    trace_mark(a.trace[PHASE_O], TRACE_WAITED);
     o_phase<F>(a, smem, l, c);
+    trace_block_mark(a.trace[PHASE_O], TRACE_WORKED);
     grid_sync(a.barrier, gridDim.x);
+    trace_mark(a.trace[PHASE_ROUTER], TRACE_ENTRY);
     router_phase<F>(a, smem, l, c);
+    trace_block_mark(a.trace[PHASE_ROUTER], TRACE_WORKED);
     grid_sync(a.barrier, gridDim.x);
+    trace_mark(a.trace[PHASE_GATE_UP], TRACE_ENTRY);
     if (threadIdx.x < 32) {
         route_warp(a.route, c->w, c->ids);
         if (blockIdx.x == 0 && threadIdx.x < a.route.k)
             a.route_ids[threadIdx.x] = c->ids[threadIdx.x], a.route_w[threadIdx.x] = c->w[threadIdx.x];
         __syncwarp();
-        if (threadIdx.x == 0) fetch_experts(a, smem, l, c);
+        fetch_experts(a, smem, l, c);
     }
     __syncthreads();
+    trace_mark(a.trace[PHASE_GATE_UP], TRACE_WAITED);
     gate_up_phase<F>(a, smem, l, c);
+    trace_block_mark(a.trace[PHASE_GATE_UP], TRACE_WORKED);
     grid_sync(a.barrier, gridDim.x);
+    trace_mark(a.trace[PHASE_DOWN], TRACE_ENTRY);
     pdl_launch_dependents(); /* only now: every block is resident, none can be kept out */
     down_phase<F>(a, smem, l, c);
+    trace_block_mark(a.trace[PHASE_DOWN], TRACE_WORKED);
 }
 
 template <class F>
 static void launch_moe_ffn_as(const moe_ffn_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {
-    LAUNCH_PDL_RESIDENT(pdl, moe_ffn_kernel<F>, grid, GEMV_THREADS, smem, st, *a);
+    LAUNCH_PDL_RESIDENT(pdl, moe_ffn_kernel<F>, grid, MOE_FFN_THREADS, smem, st, *a);
 }
 
 template <class F>
 static int moe_ffn_occupancy(size_t smem) {
     int n = 0;
     if (cudaFuncSetAttribute(moe_ffn_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, moe_ffn_kernel<F>, GEMV_THREADS, smem) != cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, moe_ffn_kernel<F>, MOE_FFN_THREADS, smem) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
