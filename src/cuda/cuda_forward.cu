@@ -302,8 +302,10 @@ static moe_ffn_args moe_ffn_args_of(const cuda_state *s, int l) {
     a.o_lanes = moe_ffn_lanes(max_share(w->wo.rows, blocks), w->wo.units);
     a.up_lanes = moe_ffn_lanes(max_share(k * w->exp_gate.rows, blocks), w->exp_gate.units);
     a.down_lanes = moe_ffn_lanes(max_share(w->exp_down.rows, blocks), k * w->exp_down.units);
-    const int phase_stage[4] = {CUDA_STAGE_O, CUDA_STAGE_ROUTER, CUDA_STAGE_UP, CUDA_STAGE_DOWN};
-    for (int p = 0; p < 4; p++) a.trace[p] = trace_of(s, l, phase_stage[p]);
+    a.trace[PHASE_O] = trace_of(s, l, CUDA_STAGE_O);
+    a.trace[PHASE_ROUTER] = trace_of(s, l, CUDA_STAGE_ROUTER);
+    a.trace[PHASE_GATE_UP] = trace_of(s, l, CUDA_STAGE_UP);
+    a.trace[PHASE_DOWN] = trace_of(s, l, CUDA_STAGE_DOWN);
     return a;
 }
 

@@ -130,6 +130,9 @@ struct ffn_down_args {
     uint64_t *trace;
 };
 
+/* The phases of moe_ffn's launch, parted by grid barriers. */
+enum moe_ffn_phase { PHASE_O, PHASE_ROUTER, PHASE_GATE_UP, PHASE_DOWN, MOE_FFN_PHASES };
+
 /* The MoE half of a layer in one launch (moe_ffn.cuh): x += Wo att, the
  * router's logits of RMSNorm(x), the routing, then x += the k chosen
  * experts' SwiGLU FFNs of it. No shared expert, no biases; the router F32. */
@@ -147,7 +150,7 @@ struct moe_ffn_args {
     float *h;           /* k x n_ff */
     uint64_t *barrier;  /* grid_sync's counter */
     int o_lanes, up_lanes, down_lanes;
-    uint64_t *trace[4]; /* each phase's marks (moe_ffn_phase), in its stage's slots; NULL: untraced */
+    uint64_t *trace[MOE_FFN_PHASES]; /* each phase's marks, in its stage's slots; NULL: untraced */
 };
 
 struct moe_ffn_fn {

@@ -96,14 +96,20 @@ struct moe_ffn_ctrl {
     float w[MAX_EXPERTS_USED];
 };
 
-/* The phases, and what their timeline marks mean (moe bench --profile
- * shows them in the rows of the launches they replace): ENTRY the phase
+/* The phases' timeline marks (moe_ffn_phase; moe bench --profile shows
+ * them in the rows of the launches they replace): ENTRY the phase
  * begins (o: the kernel's entry; the others: their grid barrier returned),
  * WAITED its input is there (o: the launch before has ended; router and
  * down: the activation is staged; gate/up: routed, the expert rows asked
  * for), STAGED its rows have arrived in shared memory (gate/up: thread
  * 0's part), WORKED it is done. */
-enum { PHASE_O, PHASE_ROUTER, PHASE_GATE_UP, PHASE_DOWN };
+
+/* Phase `done` is done in every block; phase `next` begins. */
+__device__ __forceinline__ void next_phase(const moe_ffn_args &a, int done, int next) {
+    trace_block_mark(a.trace[done], TRACE_WORKED);
+    grid_sync(a.barrier, gridDim.x);
+    trace_mark(a.trace[next], TRACE_ENTRY);
+}
 
 /* Rows [lo, hi) of m (expert e of a slab) to shared memory at dst. */
 __device__ __forceinline__ unsigned copy_rows(uint8_t *dst, const dmat &m, int e, int lo, int hi, uint64_t *bar) {
@@ -320,13 +326,9 @@ __global__ void __launch_bounds__(MOE_FFN_THREADS, 1) moe_ffn_kernel(const moe_f
     pdl_wait();
     trace_mark(a.trace[PHASE_O], TRACE_WAITED);
     o_phase<F>(a, smem, l, c);
-    trace_block_mark(a.trace[PHASE_O], TRACE_WORKED);
-    grid_sync(a.barrier, gridDim.x);
-    trace_mark(a.trace[PHASE_ROUTER], TRACE_ENTRY);
+    next_phase(a, PHASE_O, PHASE_ROUTER);
     router_phase<F>(a, smem, l, c);
-    trace_block_mark(a.trace[PHASE_ROUTER], TRACE_WORKED);
-    grid_sync(a.barrier, gridDim.x);
-    trace_mark(a.trace[PHASE_GATE_UP], TRACE_ENTRY);
+    next_phase(a, PHASE_ROUTER, PHASE_GATE_UP);
     if (threadIdx.x < 32) {
         route_warp(a.route, c->w, c->ids);
         if (blockIdx.x == 0 && threadIdx.x < a.route.k)
@@ -337,9 +339,7 @@ __global__ void __launch_bounds__(MOE_FFN_THREADS, 1) moe_ffn_kernel(const moe_f
     __syncthreads();
     trace_mark(a.trace[PHASE_GATE_UP], TRACE_WAITED);
     gate_up_phase<F>(a, smem, l, c);
-    trace_block_mark(a.trace[PHASE_GATE_UP], TRACE_WORKED);
-    grid_sync(a.barrier, gridDim.x);
-    trace_mark(a.trace[PHASE_DOWN], TRACE_ENTRY);
+    next_phase(a, PHASE_GATE_UP, PHASE_DOWN);
     pdl_launch_dependents(); /* only now: every block is resident, none can be kept out */
     down_phase<F>(a, smem, l, c);
     trace_block_mark(a.trace[PHASE_DOWN], TRACE_WORKED);
