@@ -839,6 +839,16 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         const dmat &w = a.seg[s].w;
         load_batch<F>(b, w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, w.units, sub, L);
     };
+    /* The old value a residual row (accumulate) adds to, 0 for others. It
+     * was written two launches or more before this one, never by the
+     * launch before, so it may be read before the wait: the row's store
+     * then follows its dot product without an L2 round trip. */
+    auto residual = [&](int row) {
+        if (row >= total) return 0.0f;
+        int s, r;
+        locate(row, &s, &r);
+        return a.seg[s].accumulate ? __ldcg(a.seg[s].out + r) : 0.0f;
+    };
     const int U = a.seg[0].w.units; /* every segment multiplies the same input */
     unit_batch<F> first, second;
     load_row(start + grp, first);
@@ -846,7 +856,9 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
      * have one, and loaded after the wait it was the launch's tail), and
      * both prepared before the wait */
     prep_batch<F> pfirst, psecond;
+    float old_first = 0.0f, old_second = 0.0f;
     if constexpr (ROWS == ROWS_AHEAD) {
+        old_first = residual(start + grp), old_second = residual(start + grp + stride);
         load_row(start + grp + stride, second);
         if (start + grp < total) pfirst = prepare_batch<F>(first, U, sub, L);
         if (start + grp + stride < total) psecond = prepare_batch<F>(second, U, sub, L);
@@ -860,15 +872,17 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     const act_view av = act_view_of(F::ACT, smem, a.in.n);
     float best = -INFINITY;
     int best_row = 0x7fffffff;
-    /* a row's lanes' partial sums: the group's sum to the output (every lane calls it) */
-    auto finish_row = [&](int row, float acc) {
+    /* a row's lanes' partial sums: the group's sum to the output (every
+     * lane calls it); a residual row adds `old` if it was read before
+     * (have_old), else its output as it is now */
+    auto finish_row = [&](int row, float acc, float old, bool have_old) {
         acc = group_sum(acc, L) * norm_scale;
         if (row >= total || sub != 0) return;
         int s, r;
         locate(row, &s, &r);
         const gemv_seg &sg = a.seg[s];
         if (sg.bias) acc += sg.bias[r];
-        if (sg.accumulate) acc += sg.out[r];
+        if (sg.accumulate) acc += have_old ? old : sg.out[r];
         sg.out[r] = acc;
         if (acc > best || (acc == best && r < best_row)) best = acc, best_row = r;
     };
@@ -878,7 +892,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
             const int row = base + grp;
             int s = 0, r = 0;
             if (row < total) locate(row, &s, &r);
-            finish_row(row, row < total ? dot_row(a.seg[s].w, r, pre) : 0.0f);
+            finish_row(row, row < total ? dot_row(a.seg[s].w, r, pre) : 0.0f, 0.0f, false);
         };
         for_each_row(start, stride, total, first, do_row);
     };
@@ -890,15 +904,15 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
          * memory: two batches leave no registers for it, and for a row or
          * two loading it into registers does not pay. */
         unit_batch<F> b, next;
-        auto step = [&](int row, const auto &batch, unit_batch<F> &load_into) {
-            finish_row(row, row < total ? dot_batch<F>(batch, U, sub, L, av, 0) : 0.0f);
+        auto step = [&](int row, const auto &batch, float old, unit_batch<F> &load_into) {
+            finish_row(row, row < total ? dot_batch<F>(batch, U, sub, L, av, 0) : 0.0f, old, true);
             load_row(row + 2 * stride, load_into);
         };
-        if (start < total) step(start + grp, pfirst, b);
-        if (start + stride < total) step(start + stride + grp, psecond, next);
+        if (start < total) step(start + grp, pfirst, old_first, b);
+        if (start + stride < total) step(start + stride + grp, psecond, old_second, next);
         for (int base = start + 2 * stride; base < total; base += stride) {
             const int row = base + grp;
-            finish_row(row, row < total ? dot_batch<F>(b, U, sub, L, av, 0) : 0.0f);
+            finish_row(row, row < total ? dot_batch<F>(b, U, sub, L, av, 0) : 0.0f, 0.0f, false);
             b = next;
             load_row(row + 2 * stride, next);
         }
@@ -1072,6 +1086,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
     __shared__ float weights[MAX_EXPERTS_USED];
     __shared__ float sh_weight;
     __shared__ int guessed_wrong;
+    __shared__ float x_first[GEMV_THREADS]; /* x of the first row of each row group, at its lane 0 */
     const int L = a.lanes, G = 32 / L, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int sub = lane & (L - 1), grp = lane / L;
     const int total = a.n_routed ? a.down.rows : a.sh_down.rows;
@@ -1100,6 +1115,10 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
             first.b[0] = prepare_batch<F>(loaded.b[0], m.units, sub, L);
         }
     }
+    /* The first row's residual, written by the o projection three launches
+     * before, is read before the wait (see gemv_kernel's residual), into
+     * shared memory: a register held across the wait spilled. */
+    if (sub == 0 && start + grp < total) x_first[threadIdx.x] = __ldcg(a.x + start + grp);
     pdl_wait();
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
@@ -1132,7 +1151,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
                                                                   &pre->b[0]));
         }
         acc = group_sum(acc, L);
-        if (valid && sub == 0) a.x[row] += acc;
+        if (valid && sub == 0) a.x[row] = acc + (pre ? x_first[threadIdx.x] : a.x[row]);
     };
     for_each_row(start, stride, total, first, do_row);
     trace_block_mark(a.trace, TRACE_WORKED);
