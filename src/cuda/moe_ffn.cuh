@@ -62,7 +62,7 @@ __host__ __device__ inline int moe_ffn_lanes(int rows, int units) {
 
 /* Where each thing lives in a block's dynamic shared memory. */
 struct moe_ffn_layout {
-    size_t o, router, gate_up, down, act, xf, x_old, total;
+    size_t o, router, gate_up, down, act, xf, total;
     int o_rows, router_rows, pairs, down_rows; /* the largest shares */
 };
 
@@ -82,7 +82,6 @@ __host__ __device__ inline moe_ffn_layout moe_ffn_layout_of(const moe_ffn_args &
     if (k * R > n) n = k * R;
     l.act = at, at += gemv_smem(ACT_Q8K, n);
     l.xf = at, at += gemv_smem(ACT_F32, a.x_in.n);
-    l.x_old = at, at += align16((size_t)(l.o_rows > l.down_rows ? l.o_rows : l.down_rows) * sizeof(float));
     l.total = at;
     return l;
 }
@@ -216,17 +215,6 @@ __device__ __forceinline__ void for_rows(int n, int L, Dot dot, Finish finish) {
     }
 }
 
-/* The residual's old values of rows [lo, hi) into shared memory (the
- * products' stores then follow their dot products without an L2 round
- * trip): for o before the launch's wait (the residual was written by the
- * launch before the one before), for down in the gate/up phase; by threads
- * t, t + nt, ... Published by a later block barrier. */
-__device__ __forceinline__ void load_x_old(const moe_ffn_args &a, uint8_t *smem, const moe_ffn_layout &l, int lo,
-                                           int hi, int t, int nt) {
-    float *x_old = (float *)(smem + l.x_old);
-    for (int i = t; i < hi - lo; i += nt) x_old[i] = __ldcg(a.x + lo + i);
-}
-
 /* x[rows of the block] += Wo att */
 template <class F>
 __device__ __forceinline__ void o_phase(const moe_ffn_args &a, uint8_t *smem, const moe_ffn_layout &l, moe_ffn_ctrl *c) {
@@ -237,11 +225,10 @@ __device__ __forceinline__ void o_phase(const moe_ffn_args &a, uint8_t *smem, co
     mbar_wait(&c->bar[BAR_O]);
     trace_mark(a.trace[PHASE_O], TRACE_STAGED);
     const uint8_t *rows = smem + l.o;
-    const float *x_old = (const float *)(smem + l.x_old);
     for_rows(
         hi - lo, a.o_lanes,
         [&](int i, int sub) { return shared_row_dot<F>(rows + (size_t)i * a.wo.row_stride, a.wo.units, av, 0, a.o_lanes, sub); },
-        [&](int i, float acc) { a.x[lo + i] = acc + x_old[i]; });
+        [&](int i, float acc) { a.x[lo + i] += acc; });
 }
 
 /* The router's logits of the block's experts, from the normalised x in
@@ -311,7 +298,6 @@ __device__ __forceinline__ void down_phase(const moe_ffn_args &a, uint8_t *smem,
     mbar_wait(&c->bar[BAR_DOWN]);
     trace_mark(a.trace[PHASE_DOWN], TRACE_STAGED);
     const size_t expert_rows = (size_t)l.down_rows * a.down.row_stride;
-    const float *x_old = (const float *)(smem + l.x_old);
     for_rows(
         hi - lo, a.down_lanes,
         [&](int i, int sub) {
@@ -323,7 +309,7 @@ __device__ __forceinline__ void down_phase(const moe_ffn_args &a, uint8_t *smem,
             }
             return acc;
         },
-        [&](int i, float acc) { a.x[lo + i] = acc + x_old[i]; });
+        [&](int i, float acc) { a.x[lo + i] += acc; });
 }
 
 template <class F>
@@ -336,9 +322,6 @@ __global__ void __launch_bounds__(MOE_FFN_THREADS, 1) moe_ffn_kernel(const moe_f
         for (int i = 0; i < N_BARS; i++) mbar_init(&c->bar[i]);
         fetch_dense(a, smem, l, c); /* weights never depend on the launch before */
     }
-    int lo, hi;
-    share_of(blockIdx.x, gridDim.x, a.wo.rows, &lo, &hi);
-    load_x_old(a, smem, l, lo, hi, threadIdx.x, blockDim.x);
     __syncthreads();
     pdl_wait();
     trace_mark(a.trace[PHASE_O], TRACE_WAITED);
@@ -352,9 +335,6 @@ __global__ void __launch_bounds__(MOE_FFN_THREADS, 1) moe_ffn_kernel(const moe_f
             a.route_ids[threadIdx.x] = c->ids[threadIdx.x], a.route_w[threadIdx.x] = c->w[threadIdx.x];
         __syncwarp();
         fetch_experts(a, smem, l, c);
-    } else {
-        share_of(blockIdx.x, gridDim.x, a.down.rows, &lo, &hi);
-        load_x_old(a, smem, l, lo, hi, threadIdx.x - 32, blockDim.x - 32); /* final since o's phase */
     }
     __syncthreads();
     trace_mark(a.trace[PHASE_GATE_UP], TRACE_WAITED);
