@@ -558,7 +558,7 @@ static void test_decode_attention(void) {
         {{1, 200, 16, 1, 256, 64, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 9},  /* G = 16, hd 256 */
         {{1, 90, 2, 2, 32, 32, false, false, false, QK_NORM_NONE, 1.0f}, 2},        /* hd 32 */
         {{1, 45, 4, 2, 24, 24, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},     /* hd 24: part of a warp */
-        {{1, 60, 4, 2, 12, 12, false, false, false, QK_NORM_NONE, 1.0f}, 3},       /* hd 12: twelve lanes a head */
+        {{1, 60, 4, 2, 6, 6, false, false, false, QK_NORM_NONE, 1.0f}, 3},         /* hd 6: six lanes a head */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_attention(&cases[i].k, cases[i].n_splits);

@@ -17,17 +17,15 @@
  * past the end return at once; one launch serves every position and lives
  * in the CUDA graph. All S splits are used, since the merge reads up to
  * 32 of them in one round: the fewest batches a warp is the shortest path.
- * A decode attention costs the latency of dependent loads, not bandwidth,
- * so a block copies its range's keys and values into shared memory a tile
- * at a time (ATTN_TILE_BYTES), every copy of a tile issued together
- * (cp.async, no registers held): one round trip a tile, where loading each
- * warp's batches from memory cost one a batch (bench/decode-plan.md, fact
- * 62). The first tile is copied before the launch's wait (cached
+ * A warp walks its range in batches of BATCH positions whose key and value
+ * loads are all issued before the first is used: a decode attention costs
+ * the latency of dependent loads, not bandwidth. Each batch updates the
+ * running (max m, sum l, output) of the online softmax once. The first
+ * batch is loaded into registers before the launch's wait (cached
  * positions never depend on the launch before) and the rest of the range
- * pulled into L2. A warp then walks its positions of the tile in batches
- * of BATCH, each updating the running (max m, sum l, output) of the
- * online softmax once. The norms' weights and the position's rotation are
- * in registers before the wait too.
+ * pulled into L2; at short contexts a warp has one batch, so no load
+ * follows the wait but q, k and v's. The norms' weights and the
+ * position's rotation are in registers before the wait too.
  *
  * Every warp prepares its query head and its own copy of the new key and
  * value (normalised, rotated; a few hundred redundant flops instead of a
@@ -58,22 +56,17 @@
 template <int DPL>
 struct attn_shape {
     static constexpr int BATCH = 32 / DPL;
+    /* the first batch loaded before the wait; 256-dim heads would spill */
+    static constexpr bool PRELOAD = DPL <= 4;
 };
 
 #define ATTN_WARPS 16                 /* a block: ATTN_WARPS / G warps for each of its G query heads */
 #define ATTN_THREADS (32 * ATTN_WARPS)
 #define ATTN_MAX_G ATTN_WARPS         /* query heads per KV head */
 #define ATTN_MAX_SPLITS 32            /* blocks per KV head: the m and l of one a lane in the merge */
-#define ATTN_TILE_BYTES (64 * 1024)   /* a block's keys and values in shared memory at a time */
 
 /* Warps a query head: the positions of a block are dealt out among them. */
 __host__ __device__ static inline int attn_warps_per_head(int G) { return ATTN_WARPS / G; }
-
-/* fold_warps' slots at the start of a block's shared memory, in floats
- * (a multiple of 4: the tiles after them are 16-byte aligned). */
-__host__ __device__ static inline int attn_slot_floats(int G, int hd) {
-    return ((attn_warps_per_head(G) - 1) * G * (hd + 2) + 3) / 4 * 4;
-}
 
 /* A plain load, or one from L2 (ld.cg) for what other blocks of this
  * launch wrote, which this multiprocessor's L1 may hold from an earlier
@@ -230,36 +223,20 @@ struct kv_batch {
     float k[B][DPL], v[B][DPL];
 };
 
-/* Positions [t0, t1) of KV head g's keys and values into shared memory,
- * a tile of T rows each (k_tile, then v_tile), by 16-byte copies that
- * hold no registers (cp.async), all issued together: a tile costs one
- * round trip, not one a batch. The new position (not cached yet) gets
- * zeros, which put_new fills in. Done at cp_async_wait_all. */
-__device__ __forceinline__ void stage_tile(const attn_args &a, int g, int pos, int t0, int t1, float *k_tile,
-                                           float *v_tile) {
-    const int hd = a.hd, kv_dim = a.n_kv * hd, pieces = hd / 4; /* 16-byte pieces a row */
-    for (int i = threadIdx.x; i < 2 * (t1 - t0) * pieces; i += blockDim.x) {
-        const int row = i / (2 * pieces), c = i - row * 2 * pieces, p = t0 + row;
-        const bool is_v = c >= pieces;
-        const int off = (is_v ? c - pieces : c) * 4;
-        const float *src = (is_v ? a.v_cache : a.k_cache) + (int64_t)p * kv_dim + g * hd + off;
-        cp_async16((is_v ? v_tile : k_tile) + row * hd + off, src, p != pos);
-    }
-}
-
-/* Positions p0, p0 + 1, ... of a batch from the tile that starts at t0
- * and ends at t1 (zeros past it). */
+/* Positions p0, p0 + 1, ... of a batch from the cache, all loads issued
+ * together; the new position (not cached yet) and those past the end get
+ * zeros (put_new fills the new one in once it is made). */
 template <int DPL>
-__device__ __forceinline__ void load_batch_of_tile(const float *k_tile, const float *v_tile, int hd, int t0, int t1,
-                                                   int p0, kv_batch<DPL> &b) {
-    const int d0 = (threadIdx.x & 31) * DPL;
-    const bool mine = d0 < hd;
+__device__ __forceinline__ void load_cached(const attn_args &a, int g, int pos, int p0, int end, kv_batch<DPL> &b) {
+    const int kv_dim = a.n_kv * a.hd, d0 = (threadIdx.x & 31) * DPL;
+    const bool mine = d0 < a.hd;
+    const float *k_cache = a.k_cache + g * a.hd + d0, *v_cache = a.v_cache + g * a.hd + d0;
 #pragma unroll
     for (int j = 0; j < kv_batch<DPL>::B; j++) {
-        const int row = p0 + j - t0;
-        const bool in = p0 + j < t1;
-        load_dims<DPL>(k_tile + row * hd + d0, b.k[j], mine && in);
-        load_dims<DPL>(v_tile + row * hd + d0, b.v[j], mine && in);
+        const int p = p0 + j;
+        const bool cached = p < end && p != pos;
+        load_dims<DPL>(k_cache + (int64_t)p * kv_dim, b.k[j], mine && cached);
+        load_dims<DPL>(v_cache + (int64_t)p * kv_dim, b.v[j], mine && cached);
     }
 }
 
@@ -346,20 +323,20 @@ __device__ __forceinline__ void attend_batch(const kv_batch<DPL> &b, int p0, int
     m = m_new;
 }
 
-/* A warp's batches of the tile [t0, t1), from p0 on, every `step`
- * positions, into (m, l, acc). One copy of the batch's code serves every
- * batch (code size, see the top of this file). */
+/* A warp's batches of [p0, end), every `step` positions, into (m, l,
+ * acc); the first batch (`b`) was loaded before the launch's wait. One
+ * copy of the batch's code serves every batch (code size, see the top of
+ * this file). */
 template <int DPL>
-__device__ __forceinline__ void attend_tile(const attn_args &a, const float *k_tile, const float *v_tile, int t0, int t1,
-                                            int pos, int p0, int step, const float *q, const float *k_new,
-                                            const float *v_new, float &m, float &l, float *acc) {
+__device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int p0, int end, int step, const float *q,
+                                       const float *k_new, const float *v_new, kv_batch<DPL> &b, float &m,
+                                       float &l, float *acc) {
     const float scale = 1.0f / sqrtf((float)a.hd);
 #pragma unroll 1
-    for (; p0 < t1; p0 += step) {
-        kv_batch<DPL> b;
-        load_batch_of_tile<DPL>(k_tile, v_tile, a.hd, t0, t1, p0, b);
+    while (p0 < end) {
         put_new<DPL>(b, p0, pos, k_new, v_new);
-        attend_batch<DPL>(b, p0, t1, q, scale, m, l, acc);
+        attend_batch<DPL>(b, p0, end, q, scale, m, l, acc);
+        if ((p0 += step) < end) load_cached<DPL>(a, g, pos, p0, end, b);
     }
 }
 
@@ -453,12 +430,10 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args
     const int warp = threadIdx.x >> 5, h = warp % G, w = warp / G, lane = threadIdx.x & 31, d0 = lane * DPL;
     const int kv_dim = a.n_kv * hd, step = W * B;
     const bool mine = d0 < hd;
-    float *k_tile = slots + attn_slot_floats(G, hd), *v_tile = k_tile + a.tile * hd;
     trace_mark(a.trace, TRACE_ENTRY);
     /* The position and the cached keys and values were written by earlier
      * steps, complete before the launch before this one passed its own
-     * wait: the first tile is copied and the rest of the range pulled into
-     * L2 while that launch runs. */
+     * wait: the range's rows are pulled into L2 while that launch runs. */
     const int pos = __ldcg(a.step + 1), n_pos = pos + 1;
     /* Every split in use, each a whole number of block batches (W warps a
      * head, B positions a warp): the merge reads at most 32 splits in one
@@ -466,8 +441,11 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args
     const int chunk = ((n_pos + a.n_splits - 1) / a.n_splits + step - 1) / step * step;
     const int n_active = (n_pos + chunk - 1) / chunk;
     const int start = split * chunk, end = min(start + chunk, n_pos);
-    if (start < end) stage_tile(a, g, pos, start, min(start + a.tile, end), k_tile, v_tile);
-    const int lines = (hd * (int)sizeof(float) + 127) / 128, from = start + a.tile;
+    /* Each warp's first batch in registers, the rest of the range into L2. */
+    constexpr bool preload = attn_shape<DPL>::PRELOAD;
+    kv_batch<DPL> first;
+    if constexpr (preload) load_cached<DPL>(a, g, pos, start + w * B, end, first);
+    const int lines = (hd * (int)sizeof(float) + 127) / 128, from = preload ? start + step : start;
     for (int t = threadIdx.x; t < 2 * (end - from) * lines; t += blockDim.x) {
         const int p = from + t / (2 * lines), c = t % (2 * lines);
         const float *cache = c < lines ? a.k_cache : a.v_cache;
@@ -483,6 +461,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args
     float q[DPL], k[DPL], v[DPL];
     prepare<DPL>(a, hc, g, h, q, k, v);
     trace_mark(a.trace, TRACE_STAGED);
+    if constexpr (!preload) load_cached<DPL>(a, g, pos, start + w * B, end, first);
     if (warp == 0 && pos >= start && pos < end) {
         store_dims<DPL>(a.k_cache + (int64_t)pos * kv_dim + g * hd + d0, k, mine);
         store_dims<DPL>(a.v_cache + (int64_t)pos * kv_dim + g * hd + d0, v, mine);
@@ -490,16 +469,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args
     float m = -INFINITY, l = 0.0f, acc[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
-    for (int t0 = start; t0 < end; t0 += a.tile) { /* a whole number of rounds a tile */
-        const int t1 = min(t0 + a.tile, end);
-        if (t0 > start) {
-            __syncthreads(); /* every warp is done with the tile before */
-            stage_tile(a, g, pos, t0, t1, k_tile, v_tile);
-        }
-        cp_async_wait_all();
-        __syncthreads();
-        attend_tile<DPL>(a, k_tile, v_tile, t0, t1, pos, t0 + w * B, step, q, k, v, m, l, acc);
-    }
+    attend<DPL>(a, g, pos, start + w * B, end, step, q, k, v, first, m, l, acc);
     if (W > 1) fold_warps<DPL>(slots, W, G, h, w, hd, m, l, acc);
     trace_mark(a.trace, TRACE_WORKED);
 
@@ -519,13 +489,11 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args
     trace_mark(a.trace, TRACE_EXIT);
 }
 
-/* A lane holds hd / 32 dims (one, or none, below 32), a row of the cache
- * is copied in 16-byte pieces, rotary pairs must not straddle lanes
- * unevenly, a block is at most ATTN_MAX_G warps, and the merge reads at
- * most ATTN_MAX_SPLITS splits. */
+/* A lane holds hd / 32 dims (one, or none, below 32), rotary pairs must not straddle lanes unevenly,
+ * a block is at most ATTN_MAX_G warps, and the merge reads at most ATTN_MAX_SPLITS splits. */
 bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits) {
     const int dims_per_lane = hd > 32 ? hd / 32 : 1;
-    return ((hd <= 32 && hd % 4 == 0) || hd == 64 || hd == 128 || hd == 256) && n_rot % 2 == 0 &&
+    return ((hd <= 32 && hd % 2 == 0) || hd == 64 || hd == 128 || hd == 256) && n_rot % 2 == 0 &&
            (n_rot / 2) % dims_per_lane == 0 && G >= 1 &&
            G <= ATTN_MAX_G && n_splits >= 1 && n_splits <= ATTN_MAX_SPLITS;
 }
@@ -537,19 +505,9 @@ static attention_fn attention_kernel_for(int hd) {
                                                                                       : attention_kernel<8>;
 }
 
-/* The positions of a block's tile: as many whole rounds as ATTN_TILE_BYTES
- * of keys and values hold, one round at least. */
-static int attn_tile(int G, int hd) {
-    const int dims_per_lane = hd > 32 ? hd / 32 : 1, round = attn_warps_per_head(G) * (32 / dims_per_lane);
-    const int rounds = ATTN_TILE_BYTES / (2 * hd * (int)sizeof(float) * round);
-    return (rounds > 1 ? rounds : 1) * round;
-}
-
-/* The threads and the shared memory (fold_warps' slots, the tile) of a block. */
+/* The threads and the shared memory (fold_warps' slots) of a block. */
 static int attn_threads(int G) { return 32 * G * attn_warps_per_head(G); }
-static size_t attn_smem(int G, int hd) {
-    return ((size_t)attn_slot_floats(G, hd) + 2 * (size_t)attn_tile(G, hd) * hd) * sizeof(float);
-}
+static size_t attn_smem(int G, int hd) { return (size_t)(attn_warps_per_head(G) - 1) * G * (hd + 2) * sizeof(float); }
 
 /* Blocks per KV head: as many as fit on the GPU at once (a long context
  * is then read by every multiprocessor, so more of its loads are in
@@ -557,11 +515,8 @@ static size_t attn_smem(int G, int hd) {
 int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
     const int G = n_heads / n_kv;
     int per_sm = 1;
-    cudaError_t e = cudaFuncSetAttribute(attention_kernel_for(hd), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)attn_smem(G, hd));
-    if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(hd), attn_threads(G),
-                                                          attn_smem(G, hd));
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(hd), attn_threads(G),
+                                                                  attn_smem(G, hd));
     if (e != cudaSuccess || per_sm < 1) per_sm = 1;
     int splits = per_sm * n_sm / n_kv;
     return splits < 1 ? 1 : splits > ATTN_MAX_SPLITS ? ATTN_MAX_SPLITS : splits;
@@ -569,10 +524,8 @@ int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
 
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl) {
     const int G = a->n_heads / a->n_kv;
-    attn_args t = *a;
-    t.tile = attn_tile(G, a->hd);
     LAUNCH_PDL(pdl, attention_kernel_for(a->hd), dim3(a->n_kv, a->n_splits), attn_threads(G), attn_smem(G, a->hd), st,
-               t);
+               *a);
 }
 
 /* cos | sin of every position's RoPE angles, as cpu_rope computes them. */

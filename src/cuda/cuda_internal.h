@@ -172,7 +172,6 @@ struct attn_args {
     float *part_ml;                /* (n_kv, n_splits, G, 2): m, l */
     unsigned *counters;            /* (n_kv) */
     int n_heads, n_kv, hd, n_splits;
-    int tile;                      /* positions a block stages at a time (set by cuda_attention) */
     uint64_t *trace;
 };
 
