@@ -338,12 +338,162 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const pre
     }
 }
 
+/* The same attention on tensor cores (flash attention): scores and
+ * values as mma.sync on bf16 tiles of q, k and v with f32 sums, for heads
+ * of 64 and 128 dims. A block takes ATT_ROWS rows as attention_kernel
+ * does, a warp 16 of them; keys come ATT_MMA_KEYS at a time, k as rows and
+ * v transposed in shared memory (each padded by 8, so that the fragments'
+ * 32-bit reads hit 32 banks). A warp's scores stay in the accumulators of
+ * the first product, whose layout is that of the second's A operand (rows
+ * g and g + 8, columns 2t, 2t + 1 of each 8 keys), so the online softmax
+ * and the probabilities never leave registers. PTX fragments as in
+ * mma_bf16_m16n8k16 (lane 4 g + t). Operands rounded to bf16, as the
+ * prefill's other products (within ~1e-2 of the float64 reference). */
+#define ATT_MMA_KEYS    64
+#define ATT_MMA_THREADS 128 /* 4 warps x 16 rows = ATT_ROWS */
+
+static size_t attention_mma_smem(int hd) {
+    return sizeof(uint16_t) * ((size_t)ATT_MMA_KEYS * (hd + 8) + (size_t)hd * (ATT_MMA_KEYS + 8));
+}
+
+/* Keys k0.. (up to `last`, zeros after) of KV head g into ks (rows) and vt
+ * (transposed), rounded to bf16. */
+template <int HD>
+static __device__ void stage_keys_bf16(const prefill_attn &a, int g, int k0, int last, uint16_t *ks, uint16_t *vt) {
+    const int kv_dim = a.n_kv * HD;
+    for (int i = threadIdx.x; i < ATT_MMA_KEYS * HD / 4; i += ATT_MMA_THREADS) {
+        const int j = i / (HD / 4), d = (i - j * (HD / 4)) * 4, key = k0 + j;
+        float4 k = {0.0f, 0.0f, 0.0f, 0.0f}, v = k;
+        if (key < last) {
+            const int64_t at = (int64_t)key * kv_dim + g * HD + d;
+            k = *(const float4 *)(a.k_cache + at), v = *(const float4 *)(a.v_cache + at);
+        }
+        const uint2 kb = {bf16_pair(k.x, k.y), bf16_pair(k.z, k.w)};
+        *(uint2 *)(ks + j * (HD + 8) + d) = kb;
+        const float vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int c = 0; c < 4; c++) vt[(d + c) * (ATT_MMA_KEYS + 8) + j] = f32_to_bf16_bits(vv[c]);
+    }
+}
+
+template <int HD>
+static __global__ void __launch_bounds__(ATT_MMA_THREADS) attention_mma_kernel(const prefill_attn a, int T) {
+    DYN_SMEM(uint16_t, ks);
+    uint16_t *vt = ks + ATT_MMA_KEYS * (HD + 8);
+    const int G = a.n_heads / a.n_kv, g = blockIdx.y, QT = attention_tokens(G), q0 = blockIdx.x * QT;
+    const int R = min(QT, T - q0) * G, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, t = lane & 3;
+    const int q_dim = a.n_heads * HD, last = a.pos + q0 + R / G; /* keys < last */
+    /* this lane's two rows (gq and gq + 8 of the warp's 16) and where they look */
+    int row[2], seen[2]; /* seen: keys <= seen are visible; padding rows see key 0 only */
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        row[h] = warp * 16 + gq + 8 * h;
+        seen[h] = row[h] < R ? a.pos + q0 + row[h] / G : 0;
+    }
+    /* q as A fragments: 16 rows x HD, HD / 16 slices of 16 dims */
+    unsigned qa[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float2 lo = make_float2(0, 0), hi = lo;
+            if (row[h] < R) {
+                const float *q = a.qkv + (int64_t)(q0 + row[h] / G) * a.qkv_stride + (g * G + row[h] % G) * HD + 16 * kk + 2 * t;
+                lo = *(const float2 *)q, hi = *(const float2 *)(q + 8);
+            }
+            qa[kk][h] = bf16_pair(lo.x, lo.y), qa[kk][2 + h] = bf16_pair(hi.x, hi.y);
+        }
+    float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    const float scale = 1.0f / sqrtf((float)HD);
+    for (int k0 = 0; k0 < last; k0 += ATT_MMA_KEYS) {
+        __syncthreads(); /* the tile before is done with */
+        stage_keys_bf16<HD>(a, g, k0, last, ks, vt);
+        __syncthreads();
+        float sc[ATT_MMA_KEYS / 8][4]; /* scores: 8 keys a fragment */
+#pragma unroll
+        for (int n = 0; n < ATT_MMA_KEYS / 8; n++) {
+            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+            const uint16_t *kr = ks + (n * 8 + gq) * (HD + 8) + 2 * t;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+                const unsigned b[2] = {*(const unsigned *)(kr + 16 * kk), *(const unsigned *)(kr + 16 * kk + 8)};
+                mma_bf16_m16n8k16(sc[n], qa[kk], b);
+            }
+        }
+        float corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) { /* row h: sc[n][2h], sc[n][2h + 1] */
+            float mx = m[h];
+#pragma unroll
+            for (int n = 0; n < ATT_MMA_KEYS / 8; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int key = k0 + n * 8 + 2 * t + c;
+                    float &v = sc[n][2 * h + c];
+                    v = key <= seen[h] ? v * scale : -INFINITY;
+                    mx = fmaxf(mx, v);
+                }
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2)); /* finite: key 0 is in every row's first tile */
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < ATT_MMA_KEYS / 8; n++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    float &v = sc[n][2 * h + c];
+                    v = v == -INFINITY ? 0.0f : expf(v - mx);
+                    sum += v;
+                }
+            sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+            sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+            corr[h] = expf(m[h] - mx); /* 0 on the first tile */
+            l[h] = l[h] * corr[h] + sum;
+            m[h] = mx;
+        }
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) o[n][0] *= corr[0], o[n][1] *= corr[0], o[n][2] *= corr[1], o[n][3] *= corr[1];
+#pragma unroll
+        for (int kk = 0; kk < ATT_MMA_KEYS / 16; kk++) {
+            const unsigned pa[4] = {bf16_pair(sc[2 * kk][0], sc[2 * kk][1]), bf16_pair(sc[2 * kk][2], sc[2 * kk][3]),
+                                    bf16_pair(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                    bf16_pair(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) {
+                const uint16_t *vr = vt + (n * 8 + gq) * (ATT_MMA_KEYS + 8) + 16 * kk + 2 * t;
+                const unsigned b[2] = {*(const unsigned *)vr, *(const unsigned *)(vr + 8)};
+                mma_bf16_m16n8k16(o[n], pa, b);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (row[h] >= R) continue;
+        float *out = a.out + (int64_t)(q0 + row[h] / G) * q_dim + (g * G + row[h] % G) * HD + 2 * t;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) *(float2 *)(out + 8 * n) = make_float2(o[n][2 * h] / l[h], o[n][2 * h + 1] / l[h]);
+    }
+}
+
+/* MOE_CUDA_ATTN_MMA=1: the attention on tensor cores where the heads are
+ * 64 or 128 wide (read at every launch, so a test can compare both). */
+static bool attention_on_mma(int hd) {
+    const char *v = getenv("MOE_CUDA_ATTN_MMA");
+    return v && strcmp(v, "1") == 0 && (hd == 64 || hd == 128);
+}
+
 /* Both launches: the chunk's keys and values into the cache, then attention. */
 static void launch_attention(const prefill_attn *a, int T, cudaStream_t st) {
     LAUNCH(qk_prepare_kernel, T, ROW_THREADS, 0, st, *a);
     const int QT = attention_tokens(a->n_heads / a->n_kv);
     const size_t smem = attention_smem(a->hd);
     const dim3 grid((T + QT - 1) / QT, a->n_kv);
+    if (attention_on_mma(a->hd)) {
+        if (a->hd == 64) LAUNCH(attention_mma_kernel<64>, grid, ATT_MMA_THREADS, attention_mma_smem(64), st, *a, T);
+        else LAUNCH(attention_mma_kernel<128>, grid, ATT_MMA_THREADS, attention_mma_smem(128), st, *a, T);
+        return;
+    }
     /* a failure to allow the shared memory fails the launch */
     if (a->hd <= 128) {
         (void)cudaFuncSetAttribute(attention_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
