@@ -20,8 +20,8 @@
  * in steps of kt (EG_K or fewer: whole format blocks). Per step the
  * tokens' bf16 columns are copied to shared memory (cp.async) and the
  * rows' units dequantized there as f32 (F::dequant's own output), then 8
- * warps (2 along the rows x 4 along the tokens) each take 32 rows x 16
- * tokens: 2 x 2 mma of 16 x 8 per 16 columns, the A fragments rounded to
+ * warps (4 along the rows x 2 along the tokens) each take 16 rows x 32
+ * tokens: 4 mma of 16 x 8 per 16 columns, the A fragments rounded to
  * bf16 as they are read. Rows of shared memory are padded by 8 elements
  * so a warp's fragment reads hit 32 distinct banks.
  *
@@ -45,6 +45,7 @@
 #define EG_THREADS 256
 #define EG_WS      (EG_K + 8) /* floats a row of the weight tile */
 #define EG_XS      (EG_K + 8) /* bf16 a row of the token tile */
+#define EG_WARP_NT 4 /* a warp's tokens in 8-token mma tiles: 16 rows x 32 tokens a warp, 4 x 2 warps */
 
 inline size_t expert_gemm_smem(void) {
     return (size_t)EG_ROWS * EG_WS * sizeof(float) + (size_t)EG_TOKENS * EG_XS * sizeof(uint16_t);
@@ -97,34 +98,30 @@ __device__ __forceinline__ void eg_stage_weights(float *ws, const dmat &m, int64
     }
 }
 
-/* This warp's 32 rows x 16 tokens over one step of kt columns, from the
+/* This warp's 16 rows x 32 tokens over one step of kt columns, from the
  * PTX fragments (lane 4g + t): A rows g and g + 8 of ws rounded to bf16
  * as they are read, B token g of xs as it is, each at columns 2t, 2t + 1
- * and 8 on. */
-__device__ __forceinline__ void eg_multiply(float acc[2][2][4], const float *ws, const uint16_t *xs, int kt) {
+ * and 8 on. A row's fragments are read by the 2 warps of its tokens (by
+ * 4 with warps of 32 rows x 16 tokens: more shared-memory reads and
+ * roundings a multiply). */
+__device__ __forceinline__ void eg_multiply(float acc[EG_WARP_NT][4], const float *ws, const uint16_t *xs, int kt) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const float *w = ws + (32 * (warp & 1) + g) * EG_WS + 2 * t;
-    const uint16_t *x = xs + (16 * (warp >> 1) + g) * EG_XS + 2 * t;
+    const float *w = ws + (16 * (warp & 3) + g) * EG_WS + 2 * t;
+    const uint16_t *x = xs + (32 * (warp >> 2) + g) * EG_XS + 2 * t;
     for (int k = 0; k < kt; k += 16) {
-        unsigned a[2][4], b[2][2];
+        unsigned a[4], b[EG_WARP_NT][2];
+        const float *wk = w + k;
+        const float2 p0 = *(const float2 *)wk, p1 = *(const float2 *)(wk + 8 * EG_WS);
+        const float2 p2 = *(const float2 *)(wk + 8), p3 = *(const float2 *)(wk + 8 * EG_WS + 8);
+        a[0] = bf16_pair(p0.x, p0.y), a[1] = bf16_pair(p1.x, p1.y);
+        a[2] = bf16_pair(p2.x, p2.y), a[3] = bf16_pair(p3.x, p3.y);
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const float *wi = w + 16 * i * EG_WS + k;
-            const float2 p0 = *(const float2 *)wi, p1 = *(const float2 *)(wi + 8 * EG_WS);
-            const float2 p2 = *(const float2 *)(wi + 8), p3 = *(const float2 *)(wi + 8 * EG_WS + 8);
-            a[i][0] = bf16_pair(p0.x, p0.y), a[i][1] = bf16_pair(p1.x, p1.y);
-            a[i][2] = bf16_pair(p2.x, p2.y), a[i][3] = bf16_pair(p3.x, p3.y);
-        }
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < EG_WARP_NT; j++) {
             const uint16_t *xj = x + 8 * j * EG_XS + k;
             b[j][0] = *(const unsigned *)xj, b[j][1] = *(const unsigned *)(xj + 8);
         }
 #pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int j = 0; j < 2; j++)
-                mma_bf16_m16n8k16(acc[i][j], a[i], b[j]);
+        for (int j = 0; j < EG_WARP_NT; j++) mma_bf16_m16n8k16(acc[j], a, b[j]);
     }
 }
 
@@ -142,7 +139,7 @@ __global__ void __launch_bounds__(EG_THREADS) expert_gemm_kernel(const expert_ge
     const int count = tile[2], row_tiles = (a.w[0].rows + EG_ROWS - 1) / EG_ROWS;
     const int which = blockIdx.x / row_tiles, m0 = (blockIdx.x - which * row_tiles) * EG_ROWS;
     const dmat &m = a.w[which];
-    float acc[2][2][4] = {};
+    float acc[EG_WARP_NT][4] = {};
     for (int k0 = 0; k0 < m.cols; k0 += kt) {
         __syncthreads(); /* the step before is done with ws and xs */
         eg_stage_tokens(xs, a.x + r0 * a.ldx, a.ldx, count, k0, kt);
@@ -154,15 +151,13 @@ __global__ void __launch_bounds__(EG_THREADS) expert_gemm_kernel(const expert_ge
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     Y *y = (Y *)a.y + r0 * a.ldy + which * a.w[0].rows;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
+    for (int j = 0; j < EG_WARP_NT; j++)
 #pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int v = 0; v < 4; v++) {
-                const int row = m0 + 32 * (warp & 1) + 16 * i + g + 8 * (v >> 1);
-                const int n = 16 * (warp >> 1) + 8 * j + 2 * t + (v & 1);
-                if (row < m.rows && n < count) eg_store(y + (int64_t)n * a.ldy + row, acc[i][j][v]);
-            }
+        for (int v = 0; v < 4; v++) {
+            const int row = m0 + 16 * (warp & 3) + g + 8 * (v >> 1);
+            const int n = 32 * (warp >> 2) + 8 * j + 2 * t + (v & 1);
+            if (row < m.rows && n < count) eg_store(y + (int64_t)n * a.ldy + row, acc[j][v]);
+        }
 }
 
 template <class F, class Y>
