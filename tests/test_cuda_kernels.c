@@ -536,9 +536,11 @@ static void test_prefill_attention(void) {
         {20, 9, 4, 2, 24, 24, true, false, false, QK_NORM_PER_HEAD, 1.0f},     /* hd 24: part of a warp */
         {12, 3, 8, 2, 8, 8, false, false, false, QK_NORM_NONE, 1.0f},         /* hd 8 */
     };
+    /* on CUDA cores (MOE_CUDA_ATTN_MMA=0), then on tensor cores where the
+     * heads are 64 or 128 wide (the default) */
+    setenv("MOE_CUDA_ATTN_MMA", "0", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_attention(&cases[i], 0, 1e-5);
-    /* again on tensor cores (MOE_CUDA_ATTN_MMA=1: the heads of 64 and 128 dims) */
     setenv("MOE_CUDA_ATTN_MMA", "1", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_attention(&cases[i], 0, cases[i].hd == 64 || cases[i].hd == 128 ? 1e-2 : 1e-5);

@@ -238,6 +238,7 @@ static void ffn_down(cuda_state *s, const dmat *down, int n_routed, const cuda_l
     }
     a.in = act_in{s->h + first, NULL, 0.0f, len};
     a.x = s->x;
+    a.x_ready = n_routed > 0; /* a shared expert's down of its own follows the routed down, which writes x */
     a.lanes = down_lanes(f, units);
     a.trace = trace;
     const size_t smem = gemv_smem(f->act, len);

@@ -126,6 +126,7 @@ struct ffn_down_args {
     const float *shgate;  /* NULL: weight 1 */
     int shared_act_off;
     float *x;
+    int x_ready; /* x was not written by the launch before: its first rows are read before the wait */
     int lanes;
     uint64_t *trace;
 };

@@ -1115,10 +1115,12 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
             first.b[0] = prepare_batch<F>(loaded.b[0], m.units, sub, L);
         }
     }
-    /* The first row's residual, written by the o projection three launches
-     * before, is read before the wait (see gemv_kernel's residual), into
-     * shared memory: a register held across the wait spilled. */
-    if (sub == 0 && start + grp < total) x_first[threadIdx.x] = __ldcg(a.x + start + grp);
+    /* The first row's residual, when the launch before did not write it
+     * (x_ready: the routed or dense down, after ffn_up), is read before the
+     * wait (see gemv_kernel's residual), into shared memory: a register
+     * held across the wait spilled. */
+    const bool x_early = a.x_ready && sub == 0 && start + grp < total;
+    if (x_early) x_first[threadIdx.x] = __ldcg(a.x + start + grp);
     pdl_wait();
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
@@ -1151,7 +1153,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) ffn_down_kernel(const ffn_down_a
                                                                   &pre->b[0]));
         }
         acc = group_sum(acc, L);
-        if (valid && sub == 0) a.x[row] = acc + (pre ? x_first[threadIdx.x] : a.x[row]);
+        if (valid && sub == 0) a.x[row] = acc + (pre && x_early ? x_first[threadIdx.x] : a.x[row]);
     };
     for_each_row(start, stride, total, first, do_row);
     trace_block_mark(a.trace, TRACE_WORKED);

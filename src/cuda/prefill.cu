@@ -40,9 +40,12 @@
  * near 80 = 5 x 128 / 8. Dense models go batched from
  * PREFILL_MIN_TOKENS. Where a chunk's time goes is `moe bench --profile`'s
  * prefill table (cuda_prefill_profile_run): after the nineteenth session
- * (bench/results/2026-12-03-s19, run 5), 512 tokens take 84 ms there (the
- * experts' fused products 49, the attention 26) and 2048 take 336 (the
- * attention 237: quadratic, on CUDA cores).
+ * (bench/results/2026-12-03-s19, run 5), 512 tokens took 84 ms there (the
+ * experts' fused products 49, the attention 26) and 2048 took 336 (the
+ * attention 237: quadratic, on CUDA cores). With the attention on tensor
+ * cores (attention_mma_kernel, the twenty-first session) 512 take 61 ms
+ * (the attention 5, the experts 46): pp512 8597 tok/s, pp2048 16150
+ * (bench/results/2026-12-04-s21).
  *
  * Grouping by expert needs the routing on the host (each expert's GEMM
  * has its token count as a dimension): one copy and one stream sync per
@@ -476,11 +479,11 @@ static __global__ void __launch_bounds__(ATT_MMA_THREADS) attention_mma_kernel(c
     }
 }
 
-/* MOE_CUDA_ATTN_MMA=1: the attention on tensor cores where the heads are
- * 64 or 128 wide (read at every launch, so a test can compare both). */
+/* The attention on tensor cores where the heads are 64 or 128 wide, unless
+ * MOE_CUDA_ATTN_MMA=0 (read at every launch, so a test can compare both). */
 static bool attention_on_mma(int hd) {
     const char *v = getenv("MOE_CUDA_ATTN_MMA");
-    return v && strcmp(v, "1") == 0 && (hd == 64 || hd == 128);
+    return !(v && strcmp(v, "0") == 0) && (hd == 64 || hd == 128);
 }
 
 /* Both launches: the chunk's keys and values into the cache, then attention. */
