@@ -1157,6 +1157,8 @@ moe_status cuda_prefill_profile_run(cuda_state *s, const int32_t *tokens, int n,
 /* ---------------------------------------------------------------- when to batch */
 
 int cuda_prefill_min_tokens(const model *m) {
+    const char *v = getenv("MOE_CUDA_PREFILL_MIN"); /* a measurement's override: batch from this many */
+    if (v && atoi(v) >= 1) return atoi(v);
     const model_config *c = &m->config;
     const int moe_min = c->n_experts ? 5 * c->n_experts / c->n_experts_used : 0; /* see the top */
     return moe_min > PREFILL_MIN_TOKENS ? moe_min : PREFILL_MIN_TOKENS;
