@@ -33,7 +33,7 @@
  * agree to ~2e-7) at every position.
  *
  * The batched prefill (cuda_forward with n >= cuda_prefill_min_tokens, 16
- * to 80; prefill.cu), on the tiny
+ * to 32; prefill.cu), on the tiny
  * model of every architecture in f32 and q4_k, the Mixtral layout and the
  * small presets:
  *  - logits of every position of a 64-token prompt, run as one batch and

@@ -96,7 +96,7 @@ moe_status cuda_top_logits(cuda_state *s, int n, const int32_t *extra, int n_ext
  * n is large enough to pay for dequantizing the weights (shorter runs are
  * faster as decode steps). Otherwise they go token by token. */
 bool cuda_prefill_batched(const cuda_state *s, int n);
-/* The n from which that pays on model m (MoE models: about 5 x experts /
+/* The n from which that pays on model m (MoE models: about 2 x experts /
  * experts a token, as measured; see prefill.cu). */
 int cuda_prefill_min_tokens(const model *m);
 

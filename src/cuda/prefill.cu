@@ -31,14 +31,13 @@
  * 512 tokens: below). Experts are read only
  * when some token of the chunk chose them. That cost is why short runs
  * stay with the decode step: a chunk of a MoE model costs about the same
- * once most experts are chosen (three dequantizations and GEMM calls per
- * expert and layer), so the batched prefill pays only from about 5 E / k
- * tokens on (E experts, k a token). Measured on Qwen3-30B-A3B Q4_K
- * (bench/results/2026-12-01-s5): 175 ms for 64 tokens and for 128
- * batched, 2.2 ms a token through the decode step: pp64 366 tok/s batched
- * against 458 token by token, pp128 731 against 450, so the crossover is
- * near 80 = 5 x 128 / 8. Dense models go batched from
- * PREFILL_MIN_TOKENS. Where a chunk's time goes is `moe bench --profile`'s
+ * once most experts are chosen, so the batched prefill pays only from
+ * about 2 E / k tokens on (E experts, k a token). Measured on
+ * Qwen3-30B-A3B Q4_K (bench/results/2026-12-04-s21, MOE_CUDA_PREFILL_MIN
+ * against MOE_CUDA_PREFILL=0): batched pp16 457 tok/s, pp32 717, pp64
+ * 1285, pp128 2448; token by token 683, 671, 662, 659, so the crossover
+ * is near 30 (2 x 128 / 8 = 32; 5 E / k with the dequantized experts of
+ * the fifth session). Dense models go batched from PREFILL_MIN_TOKENS. Where a chunk's time goes is `moe bench --profile`'s
  * prefill table (cuda_prefill_profile_run): after the nineteenth session
  * (bench/results/2026-12-03-s19, run 5), 512 tokens took 84 ms there (the
  * experts' fused products 49, the attention 26) and 2048 took 336 (the
@@ -1160,7 +1159,7 @@ int cuda_prefill_min_tokens(const model *m) {
     const char *v = getenv("MOE_CUDA_PREFILL_MIN"); /* a measurement's override: batch from this many */
     if (v && atoi(v) >= 1) return atoi(v);
     const model_config *c = &m->config;
-    const int moe_min = c->n_experts ? 5 * c->n_experts / c->n_experts_used : 0; /* see the top */
+    const int moe_min = c->n_experts ? 2 * c->n_experts / c->n_experts_used : 0; /* see the top */
     return moe_min > PREFILL_MIN_TOKENS ? moe_min : PREFILL_MIN_TOKENS;
 }
 
