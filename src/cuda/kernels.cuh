@@ -839,10 +839,10 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         const dmat &w = a.seg[s].w;
         load_batch<F>(b, w.body + (int64_t)r * w.row_stride, w.meta + (int64_t)r * w.meta_row_stride, w.units, sub, L);
     };
-    /* The old value a residual row (accumulate) adds to, 0 for others. It
-     * was written two launches or more before this one, never by the
-     * launch before, so it may be read before the wait: the row's store
-     * then follows its dot product without an L2 round trip. */
+    /* The old value a residual row (accumulate) adds to, 0 for others. The
+     * one residual product, o, follows the attention, so x was written two
+     * launches or more before and may be read before the wait: the row's
+     * store then follows its dot product without an L2 round trip. */
     auto residual = [&](int row) {
         if (row >= total) return 0.0f;
         int s, r;
