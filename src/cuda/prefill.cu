@@ -39,7 +39,8 @@
  * is near 30 (2 x 128 / 8 = 32; 5 E / k with the dequantized experts of
  * the fifth session). Dense models go batched from PREFILL_MIN_TOKENS.
  * Where a chunk's time goes is `moe bench --profile`'s prefill table
- * (cuda_prefill_profile_run): after the nineteenth session (bench/results/2026-12-03-s19, run 5), 512 tokens took 84 ms there (the
+ * (cuda_prefill_profile_run): after the nineteenth session
+ * (bench/results/2026-12-03-s19, run 5), 512 tokens took 84 ms there (the
  * experts' fused products 49, the attention 26) and 2048 took 336 (the
  * attention 237: quadratic, on CUDA cores). With the attention on tensor
  * cores (attention_mma_kernel, the twenty-first session) 512 take 61 ms
