@@ -547,29 +547,37 @@ static void test_prefill_attention(void) {
     unsetenv("MOE_CUDA_ATTN_MMA");
 }
 
-/* The decode step's attention: one token after pos cached ones, split over
- * 1 to 32 blocks per KV head (the merge), 1 to 16 warps a query head (the
- * fold of a block's warps), every lane width. */
+/* The decode step's attention both ways (attention.cu): one token after
+ * pos cached ones, split over 1 to 32 blocks per KV head (the merge), 1 to
+ * 16 warps a query head per head, 2 to 8 query heads a warp and 1 to 4
+ * head groups a block grouped (the fold of a block's warps), every lane
+ * width. */
 static void test_decode_attention(void) {
     const struct {
         attn_case k;
         int n_splits;
     } cases[] = {
-        {{1, 0, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},    /* Qwen3 (G = 8), the first token */
-        {{1, 10, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},   /* one block, two warps a head */
-        {{1, 1000, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32}, /* 32 splits: two merge rounds */
-        {{1, 700, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 5},   /* nine batches a warp */
-        {{1, 1500, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 2},  /* 47 batches a warp */
-        {{1, 130, 4, 4, 64, 64, true, false, false, QK_NORM_FULL, 1.0f}, 3},        /* OLMoE: MHA, 16 warps a head */
-        {{1, 77, 14, 2, 64, 64, true, false, false, QK_NORM_NONE, 1.0f}, 7},        /* Qwen2: G = 7, 14 warps */
+        {{1, 0, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},  /* Qwen3 (G = 8), the first token */
+        {{1, 10, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},   /* 1 split per head, 3 grouped */
+        {{1, 2040, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32}, /* 32 splits to merge */
+        {{1, 700, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 5},   /* 9 batches a warp, grouped 3 */
+        {{1, 1500, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 2},  /* 47 batches a warp, grouped 12 */
+        {{1, 130, 4, 4, 64, 64, true, false, false, QK_NORM_FULL, 1.0f}, 3},        /* OLMoE: MHA, per head only */
+        {{1, 77, 14, 2, 64, 64, true, false, false, QK_NORM_NONE, 1.0f}, 7},        /* Qwen2: G = 7, per head only */
         {{1, 300, 8, 2, 128, 128, false, false, true, QK_NORM_NONE, 0.25f}, 16},    /* Llama 3 */
-        {{1, 200, 16, 1, 256, 64, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 9},  /* G = 16, hd 256 */
+        {{1, 200, 16, 1, 256, 64, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 9},  /* G = 16, hd 256: grouped 4 x 4 */
         {{1, 90, 2, 2, 32, 32, false, false, false, QK_NORM_NONE, 1.0f}, 2},        /* hd 32 */
         {{1, 45, 4, 2, 24, 24, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},     /* hd 24: part of a warp */
         {{1, 60, 4, 2, 6, 6, false, false, false, QK_NORM_NONE, 1.0f}, 3},         /* hd 6: six lanes a head */
     };
+    /* per head, then grouped wherever the heads have groups (a power of two above 1) */
+    setenv("MOE_CUDA_ATTN_GROUPED_FROM", "2147483647", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_attention(&cases[i].k, cases[i].n_splits, 1e-5);
+    setenv("MOE_CUDA_ATTN_GROUPED_FROM", "0", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_attention(&cases[i].k, cases[i].n_splits, 1e-5);
+    unsetenv("MOE_CUDA_ATTN_GROUPED_FROM");
 }
 
 /* ---------------------------------------------------------------- top logits */

@@ -4,45 +4,49 @@
  * cache split across blocks (flash-decoding).
  *
  * Grid: (KV heads, S splits), S fixed per state (at most 32); a block is
- * 16 warps, W = 16 / G for each of the G query heads sharing KV head g
- * (GQA: a key or value row is read from memory once and from L1 by the
- * other warps). A lane holds DPL = hd / 32 consecutive dimensions of its
- * head, so a score is a warp sum. The W warps of a head take turns over
- * the block's positions, a batch each, and fold their running softmax
- * into the first's through shared memory (one block barrier): a block
- * covers W times the positions a round trip that one warp a head would.
- *
- * The position comes from device memory, so ranges are cut on the device:
- * chunk = ceil((pos + 1) / S) in whole rounds of W batches, and blocks
- * past the end return at once; one launch serves every position and lives
- * in the CUDA graph. All S splits are used, since the merge reads up to
- * 32 of them in one round: the fewest batches a warp is the shortest path.
- * A warp walks its range in batches of BATCH positions whose key and value
- * loads are all issued before the first is used: a decode attention costs
- * the latency of dependent loads, not bandwidth. Each batch updates the
- * running (max m, sum l, output) of the online softmax once. The first
- * batch is loaded into registers before the launch's wait (cached
+ * up to 16 warps. A lane holds DPL = hd / 32 consecutive dimensions, so a
+ * score is a warp sum. The position comes from device memory, so ranges
+ * are cut on the device and blocks past the end return at once; one
+ * launch serves every position and lives in the CUDA graph. A warp walks
+ * its range in batches of B positions whose key and value loads are all
+ * issued before the first is used: a decode attention costs the latency
+ * of dependent loads, not bandwidth. Each batch updates the running (max
+ * m, sum l, output) of the online softmax once; its scores are summed
+ * together, scattered (warp_sum_scatter), each lane ending with one. The
+ * first batch is loaded into registers before the launch's wait (cached
  * positions never depend on the launch before) and the rest of the range
- * pulled into L2; at short contexts a warp has one batch, so no load
- * follows the wait but q, k and v's. The norms' weights and the
- * position's rotation are in registers before the wait too.
+ * pulled into L2; the norms' weights and the position's rotation are in
+ * registers before the wait too.
  *
- * Every warp prepares its query head and its own copy of the new key and
- * value (normalised, rotated; a few hundred redundant flops instead of a
- * launch). The block whose range holds the current position writes them to
- * the cache; other blocks only read earlier positions, so no cache entry is
- * read while it is written.
+ * Two ways to share a block's warps among the G query heads of KV head g,
+ * picked on the device by the position:
+ *  - per head (short contexts): W = 16 / G warps for each query head, taking
+ *    turns over the block's positions; a key or value row is read from
+ *    memory once and from L1 by the other heads' warps. Every warp prepares
+ *    its head and its own copy of the new key and value (a few hundred
+ *    redundant flops instead of a barrier). The shortest path while a warp
+ *    has few batches.
+ *  - grouped (from grouped_from positions, G a power of two above 1): a
+ *    warp scores HP heads at once against each key it loads (up to 8, at
+ *    most 32 / DPL so that their outputs fit in 32 registers), and the
+ *    positions are dealt out among the 16 / (G / HP) warps of a head group:
+ *    a block covers HP times the positions a round. A batch's code is HP
+ *    times longer, and a kernel's code is fetched from memory at every
+ *    layer (the weights streaming through L2 evict it), so this pays only
+ *    at depth, where a warp's chain of batches is what counts
+ *    (decode-plan facts 64 and 67).
+ * The code is kept small on purpose: Nsight Compute showed an earlier,
+ * unrolled version (190 KB of code) waiting on instruction fetches for most
+ * of its 25 us.
  *
- * When one block covers the whole range it writes the output itself.
- * Otherwise each block leaves, per head, its unnormalised output and its m
- * and l (two arrays, so the outputs stay 16-byte aligned);
- * the last active block of the KV head (an atomic ticket) merges them,
- * all 16 warps at once: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
- *
- * The code is kept small on purpose: a kernel's instructions are fetched
- * from memory at every layer (the weights streaming through L2 evict
- * them), and Nsight Compute showed an earlier, unrolled version (190 KB of
- * code) waiting on instruction fetches for most of its 25 us.
+ * The block whose range holds the current position writes the new key and
+ * value to the cache; other blocks only read earlier positions, so no
+ * cache entry is read while it is written. A block's warps fold their (m,
+ * l, output) through shared memory. When one block covers the whole range
+ * it writes the output itself. Otherwise each block leaves, per head, its
+ * unnormalised output and its m and l (two arrays, so the outputs stay
+ * 16-byte aligned); the last active block of the KV head (an atomic
+ * ticket) merges them: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
  *
  * RoPE angles come from a table made on the host at state creation with
  * the CPU's formula (double pow, cos and sin, then float), so both
@@ -51,22 +55,36 @@
  */
 #include "cuda/kernels.cuh"
 
-/* Dimensions per lane (hd / 32) -> positions whose loads are in flight
- * together (their keys and values: 2 * 32 registers). */
-template <int DPL>
-struct attn_shape {
-    static constexpr int BATCH = 32 / DPL;
-    /* the first batch loaded before the wait; 256-dim heads would spill */
-    static constexpr bool PRELOAD = DPL <= 4;
-};
+#include <climits>
 
-#define ATTN_WARPS 16                 /* a block: ATTN_WARPS / G warps for each of its G query heads */
+#define ATTN_WARPS 16                 /* a block, at most */
 #define ATTN_THREADS (32 * ATTN_WARPS)
 #define ATTN_MAX_G ATTN_WARPS         /* query heads per KV head */
 #define ATTN_MAX_SPLITS 32            /* blocks per KV head: the m and l of one a lane in the merge */
 
-/* Warps a query head: the positions of a block are dealt out among them. */
+/* Per head: warps a query head, among which the positions of a block are
+ * dealt out. */
 __host__ __device__ static inline int attn_warps_per_head(int G) { return ATTN_WARPS / G; }
+
+/* Grouped: query heads a warp scores together, at most 8 (the scattered
+ * sum of a batch takes 32 scores) and 32 / DPL (its outputs in 32
+ * registers); and the warps of a head group. */
+__host__ __device__ constexpr int attn_heads_per_warp(int dpl, int G) {
+    return (G < 8 ? G : 8) * dpl <= 32 ? (G < 8 ? G : 8) : 32 / dpl;
+}
+__host__ __device__ static inline int attn_warps_per_group(int G, int hp) { return ATTN_WARPS / (G / hp); }
+
+/* Dimensions per lane and heads per warp -> positions whose loads are in
+ * flight together: their keys and values in 2 x 32 registers, 2 x 16
+ * where a warp has several heads (their outputs and scores need the rest;
+ * more spilled). */
+template <int DPL, int HP>
+struct attn_shape {
+    static constexpr int KV_REGS = HP == 1 ? 32 : 16;
+    static constexpr int BATCH = 32 / HP < KV_REGS / DPL ? 32 / HP : KV_REGS / DPL;
+    /* the first batch loaded before the wait; 256-dim heads would spill */
+    static constexpr bool PRELOAD = DPL <= 4;
+};
 
 /* A plain load, or one from L2 (ld.cg) for what other blocks of this
  * launch wrote, which this multiprocessor's L1 may hold from an earlier
@@ -217,22 +235,22 @@ __device__ __forceinline__ void prepare(const attn_args &a, const head_consts<DP
 }
 
 /* The keys and values of B consecutive positions, a lane's dims of each. */
-template <int DPL>
+template <int DPL, int HP>
 struct kv_batch {
-    static constexpr int B = attn_shape<DPL>::BATCH;
+    static constexpr int B = attn_shape<DPL, HP>::BATCH;
     float k[B][DPL], v[B][DPL];
 };
 
 /* Positions p0, p0 + 1, ... of a batch from the cache, all loads issued
  * together; the new position (not cached yet) and those past the end get
  * zeros (put_new fills the new one in once it is made). */
-template <int DPL>
-__device__ __forceinline__ void load_cached(const attn_args &a, int g, int pos, int p0, int end, kv_batch<DPL> &b) {
+template <int DPL, int HP>
+__device__ __forceinline__ void load_cached(const attn_args &a, int g, int pos, int p0, int end, kv_batch<DPL, HP> &b) {
     const int kv_dim = a.n_kv * a.hd, d0 = (threadIdx.x & 31) * DPL;
     const bool mine = d0 < a.hd;
     const float *k_cache = a.k_cache + g * a.hd + d0, *v_cache = a.v_cache + g * a.hd + d0;
 #pragma unroll
-    for (int j = 0; j < kv_batch<DPL>::B; j++) {
+    for (int j = 0; j < kv_batch<DPL, HP>::B; j++) {
         const int p = p0 + j;
         const bool cached = p < end && p != pos;
         load_dims<DPL>(k_cache + (int64_t)p * kv_dim, b.k[j], mine && cached);
@@ -242,11 +260,12 @@ __device__ __forceinline__ void load_cached(const attn_args &a, int g, int pos, 
 
 /* The new position's key and value into the batch that holds it (one
  * batch of the launch: a uniform branch for the others). */
-template <int DPL>
-__device__ __forceinline__ void put_new(kv_batch<DPL> &b, int p0, int pos, const float *k_new, const float *v_new) {
-    if (pos < p0 || pos >= p0 + kv_batch<DPL>::B) return;
+template <int DPL, int HP>
+__device__ __forceinline__ void put_new(kv_batch<DPL, HP> &b, int p0, int pos, const float *k_new, const float *v_new) {
+    constexpr int B = kv_batch<DPL, HP>::B;
+    if (pos < p0 || pos >= p0 + B) return;
 #pragma unroll
-    for (int j = 0; j < kv_batch<DPL>::B; j++)
+    for (int j = 0; j < B; j++)
         if (p0 + j == pos)
 #pragma unroll
             for (int i = 0; i < DPL; i++) b.k[j][i] = k_new[i], b.v[j][i] = v_new[i];
@@ -284,69 +303,150 @@ __host__ __device__ constexpr int scatter_shift(int n) {
     return shift;
 }
 
-/* One batch into the running (m, l, acc) of the online softmax. Its B
- * scores are summed together, lane L holding position p0 + (L >> S)'s, so
- * each lane takes one exponential, not B; the batch's maximum and sum are
- * reduced over the lanes that hold different positions. */
+/* A warp's online softmax over its head group: (m, l) of the head whose
+ * score this lane holds (head hh = (lane >> S) / B of the batch layout,
+ * the same in every batch), and the HP heads' outputs at this lane's
+ * dims, not yet divided by l. */
+template <int DPL, int HP>
+struct softmax_state {
+    float m, l, acc[HP][DPL];
+};
+
+/* A warp's query heads, this lane's dims of head hh: per head its one
+ * head in registers, grouped its group's from shared memory. */
 template <int DPL>
-__device__ __forceinline__ void attend_batch(const kv_batch<DPL> &b, int p0, int end, const float *q, float scale,
-                                             float &m, float &l, float *acc) {
-    constexpr int B = kv_batch<DPL>::B, S = scatter_shift(B);
-    const int lane = threadIdx.x & 31;
-    float dot[B];
+struct query_in_regs {
+    float q[DPL];
+    __device__ __forceinline__ void head(int, float *out) const {
 #pragma unroll
-    for (int j = 0; j < B; j++) {
-        dot[j] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < DPL; i++) dot[j] += q[i] * b.k[j][i];
+        for (int i = 0; i < DPL; i++) out[i] = q[i];
     }
-    float sc = warp_sum_scatter<B>(dot, lane) * scale;
-    if (p0 + (lane >> S) >= end) sc = -INFINITY;
+};
+
+template <int DPL>
+struct query_in_smem {
+    const float *q_s; /* hd floats a head */
+    int hd;
+    __device__ __forceinline__ void head(int hh, float *out) const {
+        const int d0 = (threadIdx.x & 31) * DPL;
+        load_dims<DPL>(q_s + hh * hd + d0, out, d0 < hd);
+    }
+};
+
+/* One batch into the running state. Its HP x B scores are summed
+ * together, lane L holding score (L >> S) = hh * B + j (head hh, position
+ * p0 + j), so each lane takes one exponential; a head's maximum and sum
+ * are reduced over the lanes of its B positions. */
+template <int DPL, int HP, class Q>
+__device__ __forceinline__ void attend_batch(const kv_batch<DPL, HP> &b, int p0, int end, const Q &query, float scale,
+                                             softmax_state<DPL, HP> &st) {
+    constexpr int B = kv_batch<DPL, HP>::B, N = HP * B, S = scatter_shift(N);
+    const int lane = threadIdx.x & 31;
+    float dot[N];
+#pragma unroll
+    for (int hh = 0; hh < HP; hh++) {
+        float q[DPL];
+        query.head(hh, q);
+#pragma unroll
+        for (int j = 0; j < B; j++) {
+            float d = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) d += q[i] * b.k[j][i];
+            dot[hh * B + j] = d;
+        }
+    }
+    float sc = warp_sum_scatter<N>(dot, lane) * scale;
+    if (p0 + (lane >> S) % B >= end) sc = -INFINITY;
     float m_batch = sc;
 #pragma unroll
-    for (int off = 16; off >= (1 << S); off >>= 1) m_batch = fmaxf(m_batch, __shfl_xor_sync(FULL_MASK, m_batch, off));
-    const float m_new = fmaxf(m, m_batch);
-    const float r = expf(m - m_new); /* m = -inf first: r = 0 */
-    const float e = expf(sc - m_new); /* past the end: 0 */
+    for (int off = (B / 2) << S; off >= (1 << S); off >>= 1)
+        m_batch = fmaxf(m_batch, __shfl_xor_sync(FULL_MASK, m_batch, off));
+    const float m_new = fmaxf(st.m, m_batch);
+    const float r = expf(st.m - m_new); /* m = -inf first: r = 0 */
+    const float e = expf(sc - m_new);   /* past the end: 0 */
     float e_sum = e;
 #pragma unroll
-    for (int off = 16; off >= (1 << S); off >>= 1) e_sum += __shfl_xor_sync(FULL_MASK, e_sum, off);
-    l = l * r + e_sum;
+    for (int off = (B / 2) << S; off >= (1 << S); off >>= 1) e_sum += __shfl_xor_sync(FULL_MASK, e_sum, off);
+    st.l = st.l * r + e_sum;
+    st.m = m_new;
 #pragma unroll
-    for (int i = 0; i < DPL; i++) acc[i] *= r;
+    for (int hh = 0; hh < HP; hh++) {
+        const float r_h = HP == 1 ? r : __shfl_sync(FULL_MASK, r, (hh * B) << S); /* one head: r is the warp's */
 #pragma unroll
-    for (int j = 0; j < B; j++) {
-        const float e_j = __shfl_sync(FULL_MASK, e, j << S);
+        for (int i = 0; i < DPL; i++) st.acc[hh][i] *= r_h;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) acc[i] += e_j * b.v[j][i];
+        for (int j = 0; j < B; j++) {
+            const float e_j = __shfl_sync(FULL_MASK, e, (hh * B + j) << S);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) st.acc[hh][i] += e_j * b.v[j][i];
+        }
     }
-    m = m_new;
 }
 
-/* A warp's batches of [p0, end), every `step` positions, into (m, l,
- * acc); the first batch (`b`) was loaded before the launch's wait. One
- * copy of the batch's code serves every batch (code size, see the top of
- * this file). */
-template <int DPL>
-__device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int p0, int end, int step, const float *q,
-                                       const float *k_new, const float *v_new, kv_batch<DPL> &b, float &m,
-                                       float &l, float *acc) {
+/* A warp's batches of [p0, end), every `step` positions, into its state;
+ * the first batch (`b`) was loaded before the launch's wait. One copy of
+ * the batch's code serves every batch (code size, see the top of this
+ * file). */
+template <int DPL, int HP, class Q>
+__device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int p0, int end, int step, const Q &query,
+                                       const float *k_new, const float *v_new, kv_batch<DPL, HP> &b,
+                                       softmax_state<DPL, HP> &st) {
     const float scale = 1.0f / sqrtf((float)a.hd);
 #pragma unroll 1
     while (p0 < end) {
-        put_new<DPL>(b, p0, pos, k_new, v_new);
-        attend_batch<DPL>(b, p0, end, q, scale, m, l, acc);
-        if ((p0 += step) < end) load_cached<DPL>(a, g, pos, p0, end, b);
+        put_new<DPL, HP>(b, p0, pos, k_new, v_new);
+        attend_batch<DPL, HP>(b, p0, end, query, scale, st);
+        if ((p0 += step) < end) load_cached<DPL, HP>(a, g, pos, p0, end, b);
     }
 }
+
+/* A state with nothing in it yet. */
+template <int DPL, int HP>
+__device__ __forceinline__ void clear_state(softmax_state<DPL, HP> &st) {
+    st.m = -INFINITY, st.l = 0.0f;
+#pragma unroll
+    for (int hh = 0; hh < HP; hh++)
+#pragma unroll
+        for (int i = 0; i < DPL; i++) st.acc[hh][i] = 0.0f;
+}
+
+/* This block's range of the position's n_pos: every split in use, each a
+ * whole number of rounds of `round` positions (the fewest batches a warp
+ * is the shortest path); n_active splits have positions. */
+__device__ __forceinline__ int split_range(const attn_args &a, int n_pos, int round, int &start, int &end) {
+    const int chunk = ((n_pos + a.n_splits - 1) / a.n_splits + round - 1) / round * round;
+    start = blockIdx.y * chunk, end = min(start + chunk, n_pos);
+    return (n_pos + chunk - 1) / chunk;
+}
+
+/* The range's rows after `from` pulled into L2 (the first batches are
+ * loaded into registers). */
+__device__ __forceinline__ void prefetch_range(const attn_args &a, int g, int from, int end) {
+    const int hd = a.hd, kv_dim = a.n_kv * hd, lines = (hd * (int)sizeof(float) + 127) / 128;
+    for (int t = threadIdx.x; t < 2 * (end - from) * lines; t += blockDim.x) {
+        const int p = from + t / (2 * lines), c = t % (2 * lines);
+        const float *cache = c < lines ? a.k_cache : a.v_cache;
+        prefetch_l2((const uint8_t *)(cache + (int64_t)p * kv_dim + g * hd) + 128 * (c % lines));
+    }
+}
+
+/* k and v of the position into the cache (this lane's dims). */
+template <int DPL>
+__device__ __forceinline__ void append_kv(const attn_args &a, int g, int pos, const float *k, const float *v) {
+    const int kv_dim = a.n_kv * a.hd, d0 = (threadIdx.x & 31) * DPL;
+    store_dims<DPL>(a.k_cache + (int64_t)pos * kv_dim + g * a.hd + d0, k, d0 < a.hd);
+    store_dims<DPL>(a.v_cache + (int64_t)pos * kv_dim + g * a.hd + d0, v, d0 < a.hd);
+}
+
+/* ---------------------------------------------------------------- per head */
 
 /* Folds the (m, l, acc) of warps 1..W-1 of each head into warp 0's, through
  * shared memory: (W - 1) * G slots of hd floats (16-byte aligned), then
  * their (m, l). Warp 0 of a head always has positions, so its m is finite
  * and an idle warp's (m = -inf) weighs exp(-inf) = 0. */
 template <int DPL>
-__device__ __forceinline__ void fold_warps(float *slots, int W, int G, int h, int w, int hd, float &m, float &l,
-                                           float *acc) {
+__device__ __forceinline__ void fold_head_warps(float *slots, int W, int G, int h, int w, int hd, float &m, float &l,
+                                                float *acc) {
     const int lane = threadIdx.x & 31, d0 = lane * DPL;
     const bool mine = d0 < hd;
     float2 *ml = (float2 *)(slots + (W - 1) * G * hd);
@@ -376,11 +476,11 @@ __device__ __forceinline__ void fold_warps(float *slots, int W, int G, int h, in
  * the m and l of split `lane`; the W sums meet in shared memory and warp 0
  * of the head writes the output. */
 template <int DPL>
-__device__ __forceinline__ void merge_splits(const attn_args &a, float *slots, int W, int g, int h, int w, int n) {
+__device__ __forceinline__ void merge_head_splits(const attn_args &a, float *slots, int W, int g, int h, int w, int n) {
     const int G = a.n_heads / a.n_kv, hd = a.hd, lane = threadIdx.x & 31, d0 = lane * DPL;
     const bool mine = d0 < hd;
     const int first = g * a.n_splits * G + h, stride = G * hd; /* (g, split 0, h); floats between splits */
-    constexpr int MB = 48 / DPL < 12 ? 48 / DPL : 12; /* 16 spills at DPL 4 */
+    constexpr int MB = 48 / DPL < 12 ? 48 / DPL : 12;          /* 16 spills at DPL 4 */
     const float *part = a.part_out + (size_t)first * hd + d0 + w * stride;
     const float2 ml = lane < n ? __ldcg((const float2 *)a.part_ml + first + lane * G) : make_float2(-INFINITY, 0.0f);
     float out[DPL];
@@ -399,7 +499,7 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, float *slots, i
         }
 #pragma unroll
         for (int j = 0; j < MB; j++) {
-            const int s = s0 + j * W; /* uniform over the warp */
+            const int s = s0 + j * W;                            /* uniform over the warp */
             const float f_s = __shfl_sync(FULL_MASK, f, s & 31); /* outside the condition: no branch around it */
             const float wt = s < n ? f_s * inv_l : 0.0f;
 #pragma unroll
@@ -421,36 +521,21 @@ __device__ __forceinline__ void merge_splits(const attn_args &a, float *slots, i
     store_dims<DPL>(a.out + (g * G + h) * hd + d0, out, mine);
 }
 
+/* The per-head way (see the top of this file): warp (h, w) takes query
+ * head h = warp % G and every W-th batch of the block's range from w. */
 template <int DPL>
-__global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args a) {
-    DYN_SMEM(float, slots);
-    __shared__ int flag;
-    constexpr int B = attn_shape<DPL>::BATCH;
+__device__ __forceinline__ void attention_per_head(const attn_args &a, float *smem, int *flag, int pos) {
+    constexpr int B = attn_shape<DPL, 1>::BATCH;
     const int G = a.n_heads / a.n_kv, W = attn_warps_per_head(G), hd = a.hd, g = blockIdx.x, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, h = warp % G, w = warp / G, lane = threadIdx.x & 31, d0 = lane * DPL;
-    const int kv_dim = a.n_kv * hd, step = W * B;
     const bool mine = d0 < hd;
-    trace_mark(a.trace, TRACE_ENTRY);
-    /* The position and the cached keys and values were written by earlier
-     * steps, complete before the launch before this one passed its own
-     * wait: the range's rows are pulled into L2 while that launch runs. */
-    const int pos = __ldcg(a.step + 1), n_pos = pos + 1;
-    /* Every split in use, each a whole number of block batches (W warps a
-     * head, B positions a warp): the merge reads at most 32 splits in one
-     * round, so the fewest batches a warp is the best cut. */
-    const int chunk = ((n_pos + a.n_splits - 1) / a.n_splits + step - 1) / step * step;
-    const int n_active = (n_pos + chunk - 1) / chunk;
-    const int start = split * chunk, end = min(start + chunk, n_pos);
+    int start, end;
+    const int n_active = split_range(a, pos + 1, W * B, start, end);
     /* Each warp's first batch in registers, the rest of the range into L2. */
-    constexpr bool preload = attn_shape<DPL>::PRELOAD;
-    kv_batch<DPL> first;
-    if constexpr (preload) load_cached<DPL>(a, g, pos, start + w * B, end, first);
-    const int lines = (hd * (int)sizeof(float) + 127) / 128, from = preload ? start + step : start;
-    for (int t = threadIdx.x; t < 2 * (end - from) * lines; t += blockDim.x) {
-        const int p = from + t / (2 * lines), c = t % (2 * lines);
-        const float *cache = c < lines ? a.k_cache : a.v_cache;
-        prefetch_l2((const uint8_t *)(cache + (int64_t)p * kv_dim + g * hd) + 128 * (c % lines));
-    }
+    constexpr bool preload = attn_shape<DPL, 1>::PRELOAD;
+    kv_batch<DPL, 1> first;
+    if constexpr (preload) load_cached<DPL, 1>(a, g, pos, start + w * B, end, first);
+    prefetch_range(a, g, preload ? start + W * B : start, end);
     head_consts<DPL> hc; /* the norms' weights and the rotation */
     if (start < end) load_head_consts<DPL>(a, g, h, pos, hc);
     pdl_wait(); /* q, k, v of this position */
@@ -458,35 +543,235 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args
     trace_mark(a.trace, TRACE_WAITED);
     if (start >= end) return; /* past the position: not counted by the merge */
 
-    float q[DPL], k[DPL], v[DPL];
-    prepare<DPL>(a, hc, g, h, q, k, v);
+    query_in_regs<DPL> query;
+    float k[DPL], v[DPL];
+    prepare<DPL>(a, hc, g, h, query.q, k, v);
     trace_mark(a.trace, TRACE_STAGED);
-    if constexpr (!preload) load_cached<DPL>(a, g, pos, start + w * B, end, first);
-    if (warp == 0 && pos >= start && pos < end) {
-        store_dims<DPL>(a.k_cache + (int64_t)pos * kv_dim + g * hd + d0, k, mine);
-        store_dims<DPL>(a.v_cache + (int64_t)pos * kv_dim + g * hd + d0, v, mine);
-    }
-    float m = -INFINITY, l = 0.0f, acc[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
-    attend<DPL>(a, g, pos, start + w * B, end, step, q, k, v, first, m, l, acc);
-    if (W > 1) fold_warps<DPL>(slots, W, G, h, w, hd, m, l, acc);
+    if constexpr (!preload) load_cached<DPL, 1>(a, g, pos, start + w * B, end, first);
+    if (warp == 0 && pos >= start && pos < end) append_kv<DPL>(a, g, pos, k, v);
+    softmax_state<DPL, 1> st;
+    clear_state(st);
+    attend<DPL, 1>(a, g, pos, start + w * B, end, W * B, query, k, v, first, st);
+    if (W > 1) fold_head_warps<DPL>(smem, W, G, h, w, hd, st.m, st.l, st.acc[0]);
     trace_mark(a.trace, TRACE_WORKED);
 
     if (w == 0) {
         if (n_active == 1) { /* the whole range was this block's */
 #pragma unroll
-            for (int i = 0; i < DPL; i++) acc[i] /= l;
-            store_dims<DPL>(a.out + (g * G + h) * hd + d0, acc, mine);
+            for (int i = 0; i < DPL; i++) st.acc[0][i] /= st.l;
+            store_dims<DPL>(a.out + (g * G + h) * hd + d0, st.acc[0], mine);
         } else {
             const int slot = (g * a.n_splits + split) * G + h;
-            store_dims<DPL>(a.part_out + (size_t)slot * hd + d0, acc, mine);
-            if (lane == 0) ((float2 *)a.part_ml)[slot] = make_float2(m, l);
+            store_dims<DPL>(a.part_out + (size_t)slot * hd + d0, st.acc[0], mine);
+            if (lane == 0) ((float2 *)a.part_ml)[slot] = make_float2(st.m, st.l);
         }
     }
-    if (n_active == 1 || !last_block(a.counters + g, n_active, &flag)) return;
-    merge_splits<DPL>(a, slots, W, g, h, w, n_active);
+    if (n_active == 1 || !last_block(a.counters + g, n_active, flag)) return;
+    merge_head_splits<DPL>(a, smem, W, g, h, w, n_active);
     trace_mark(a.trace, TRACE_EXIT);
+}
+
+/* ---------------------------------------------------------------- grouped */
+
+/* Grouped: shared memory, in floats: the query heads (G x hd), the new key and
+ * value (2 x hd), then the warps' states (W x G x hd outputs, W x G
+ * (m, l) and each head's folded (M, L)), whose room the merge reuses for
+ * the splits' weights and its threads' partial sums (VW floats each). */
+static int grouped_smem_floats(int G, int hd, int hp) {
+    const int W = attn_warps_per_group(G, hp);
+    const int states = W * G * (hd + 2) + 2 * G, merge = ATTN_MAX_SPLITS * G + 4 * ATTN_THREADS;
+    return G * hd + 2 * hd + (states > merge ? states : merge);
+}
+
+/* A warp leaves its state in shared memory: outputs slots[w][head] (hd
+ * floats each), (m, l) in ml[w][head], head = hg * HP + hh of G. */
+template <int DPL, int HP>
+__device__ __forceinline__ void leave_state(const softmax_state<DPL, HP> &st, float *slots, float2 *ml, int G, int hg,
+                                            int w, int hd) {
+    constexpr int B = attn_shape<DPL, HP>::BATCH, S = scatter_shift(HP * B);
+    const int lane = threadIdx.x & 31, d0 = lane * DPL;
+#pragma unroll
+    for (int hh = 0; hh < HP; hh++) store_dims<DPL>(slots + (w * G + hg * HP + hh) * hd + d0, st.acc[hh], d0 < hd);
+    if (lane % (B << S) == 0) ml[w * G + hg * HP + lane / (B << S)] = make_float2(st.m, st.l);
+}
+
+/* The weights of up to 32 partial softmaxes, lane i holding part i's (m,
+ * l) and (-inf, 0) past the last: e^(m_i - M) at lane i; M, the largest
+ * m, and L = sum_i l_i e^(m_i - M) at every lane. */
+__device__ __forceinline__ float part_weight(float2 ml, float &M, float &L) {
+    M = warp_max(ml.x);
+    const float f = expf(ml.x - M);
+    L = warp_sum(ml.y * f);
+    return f;
+}
+
+/* Folds the states of the first `busy` warps of each head group (those
+ * with positions): warp h < G weighs head h's, its lane w warp w's, in
+ * place of their m, and leaves (M, L) in head_ml; every thread then sums
+ * the weighted outputs of its values and writes the block's result: the
+ * output itself when the block covered the whole range, else its part for
+ * the merge. */
+__device__ __forceinline__ void fold_group_warps(const attn_args &a, const float *slots, float2 *ml, float2 *head_ml,
+                                                 int busy, int g, int split, int n_active) {
+    const int G = a.n_heads / a.n_kv, hd = a.hd, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < G) {
+        float M, L;
+        const float f = part_weight(lane < busy ? ml[lane * G + warp] : make_float2(-INFINITY, 0.0f), M, L);
+        if (lane < busy) ml[lane * G + warp].x = f;
+        if (lane == 0) head_ml[warp] = make_float2(M, L);
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < G * hd; t += ATTN_THREADS) {
+        const int head = t / hd, d = t % hd;
+        float o = 0.0f;
+        for (int w = 0; w < busy; w++) o += ml[w * G + head].x * slots[(w * G + head) * hd + d];
+        const float2 ML = head_ml[head];
+        if (n_active == 1) { /* the whole range was this block's */
+            a.out[(g * G + head) * hd + d] = o / ML.y;
+        } else {
+            const int slot = (g * a.n_splits + split) * G + head;
+            a.part_out[(size_t)slot * hd + d] = o;
+            if (d == 0) ((float2 *)a.part_ml)[slot] = ML;
+        }
+    }
+}
+
+/* The last block of KV head g merges its n active splits: thread t takes
+ * VW output values (vector t % V of the V = G hd / VW) over every P-th
+ * split from t / V, so that all threads load. While the first loads are in
+ * flight, warp h < G weighs head h's splits (lane s split s) into shared
+ * memory; the P partial sums of a vector meet there too. */
+template <int VW>
+__device__ __forceinline__ void merge_group_splits(const attn_args &a, float *scratch, int g, int n) {
+    constexpr int MB = 16 / VW < 4 ? 4 : 16 / VW; /* splits loaded together: 16 registers */
+    const int G = a.n_heads / a.n_kv, hd = a.hd, V = G * hd / VW, P = V >= ATTN_THREADS ? 1 : ATTN_THREADS / V;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float *weight = scratch; /* (n, G): e^(m_s - M) / L */
+    float *parts = scratch + ATTN_MAX_SPLITS * G;
+    const float2 *part_ml = (const float2 *)a.part_ml + (size_t)g * a.n_splits * G;
+    const float *part_out = a.part_out + (size_t)g * a.n_splits * G * hd;
+    /* splits s0 + part, s0 + part + P, ... of vector vec */
+    auto load_round = [&](int vec, int part, int s0, float(*v)[VW]) {
+#pragma unroll
+        for (int j = 0; j < MB; j++) {
+            const int s = s0 + part + j * P;
+            load_dims<VW, true>(part_out + (size_t)s * G * hd + vec * VW, v[j], vec < V && s < n);
+        }
+    };
+    float v[MB][VW];
+    load_round(threadIdx.x % V, threadIdx.x / V, 0, v);
+    if (warp < G) {
+        float M, L;
+        const float f = part_weight(lane < n ? __ldcg(part_ml + lane * G + warp) : make_float2(-INFINITY, 0.0f), M, L);
+        if (lane < n) weight[lane * G + warp] = f / L;
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int t0 = 0; t0 < V * P; t0 += ATTN_THREADS) {
+        const int t = t0 + threadIdx.x, vec = t % V, part = t / V, head = vec * VW / hd;
+        float o[VW];
+#pragma unroll
+        for (int i = 0; i < VW; i++) o[i] = 0.0f;
+        if (t0) load_round(vec, part, 0, v);
+#pragma unroll 1
+        for (int s0 = 0; s0 < n; s0 += MB * P) {
+            if (s0) load_round(vec, part, s0, v);
+#pragma unroll
+            for (int j = 0; j < MB; j++) {
+                const int s = s0 + part + j * P;
+                const float f = s < n ? weight[s * G + head] : 0.0f;
+#pragma unroll
+                for (int i = 0; i < VW; i++) o[i] += f * v[j][i];
+            }
+        }
+        const bool mine = t < V * P;
+        if (P > 1) { /* the P parts of a vector meet in shared memory */
+            store_dims<VW>(parts + t * VW, o, mine && part > 0);
+            __syncthreads();
+            if (part > 0) continue;
+            for (int p = 1; p < P; p++)
+#pragma unroll
+                for (int i = 0; i < VW; i++) o[i] += parts[(p * V + vec) * VW + i];
+        }
+        store_dims<VW>(a.out + (size_t)g * G * hd + vec * VW, o, mine);
+    }
+}
+
+/* The grouped way (see the top of this file): warp (hg, w) takes heads
+ * hg * HP .. hg * HP + HP - 1 and every W-th batch of the block's range
+ * from w. Warp h < G prepares query head h into shared memory (q_s), warp
+ * 0 the new key and value too (kv_new). */
+template <int DPL, int HP>
+__device__ __forceinline__ void attention_grouped(const attn_args &a, float *smem, int *flag, int pos) {
+    constexpr int B = attn_shape<DPL, HP>::BATCH;
+    const int G = a.n_heads / a.n_kv, W = attn_warps_per_group(G, HP), hd = a.hd, g = blockIdx.x, split = blockIdx.y;
+    const int warp = threadIdx.x >> 5, hg = warp / W, w = warp % W, lane = threadIdx.x & 31, d0 = lane * DPL;
+    const bool mine = d0 < hd;
+    float *q_s = smem, *kv_new = q_s + G * hd, *slots = kv_new + 2 * hd;
+    float2 *ml = (float2 *)(slots + W * G * hd), *head_ml = ml + W * G;
+    int start, end;
+    const int n_active = split_range(a, pos + 1, B, start, end);
+    constexpr bool preload = attn_shape<DPL, HP>::PRELOAD;
+    kv_batch<DPL, HP> first;
+    if constexpr (preload) load_cached<DPL, HP>(a, g, pos, start + w * B, end, first);
+    prefetch_range(a, g, preload ? start + W * B : start, end);
+    head_consts<DPL> hc; /* the norms' weights and the rotation of query head `warp` */
+    if (start < end && warp < G) load_head_consts<DPL>(a, g, warp, pos, hc);
+    pdl_wait(); /* q, k, v of this position */
+    pdl_launch_dependents();
+    trace_mark(a.trace, TRACE_WAITED);
+    if (start >= end) return; /* past the position: not counted by the merge */
+
+    if (warp < G) {
+        float q[DPL], k[DPL], v[DPL];
+        prepare<DPL>(a, hc, g, warp, q, k, v);
+        store_dims<DPL>(q_s + warp * hd + d0, q, mine);
+        if (warp == 0) {
+            store_dims<DPL>(kv_new + d0, k, mine);
+            store_dims<DPL>(kv_new + hd + d0, v, mine);
+            if (pos >= start && pos < end) append_kv<DPL>(a, g, pos, k, v);
+        }
+    }
+    __syncthreads();
+    trace_mark(a.trace, TRACE_STAGED);
+    if constexpr (!preload) load_cached<DPL, HP>(a, g, pos, start + w * B, end, first);
+    float k_new[DPL], v_new[DPL];
+    load_dims<DPL>(kv_new + d0, k_new, mine);
+    load_dims<DPL>(kv_new + hd + d0, v_new, mine);
+    softmax_state<DPL, HP> st;
+    clear_state(st);
+    attend<DPL, HP>(a, g, pos, start + w * B, end, W * B, query_in_smem<DPL>{q_s + hg * HP * hd, hd}, k_new, v_new,
+                    first, st);
+    leave_state<DPL, HP>(st, slots, ml, G, hg, w, hd);
+    __syncthreads();
+    fold_group_warps(a, slots, ml, head_ml, min(W, (end - start + B - 1) / B), g, split, n_active);
+    trace_mark(a.trace, TRACE_WORKED);
+    if (n_active == 1 || !last_block(a.counters + g, n_active, flag)) return;
+    merge_group_splits<DPL >= 2 ? 4 : 1>(a, slots, g, n_active);
+    trace_mark(a.trace, TRACE_EXIT);
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+/* Two kernels, not one with both ways: together they spill (128 registers
+ * at 16 warps). */
+template <int DPL>
+__global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args a) {
+    DYN_SMEM(float, smem);
+    __shared__ int flag;
+    trace_mark(a.trace, TRACE_ENTRY);
+    /* The position and the cached keys and values were written by earlier
+     * steps, complete before the launch before this one passed its own
+     * wait: the range's rows are pulled into L2 while that launch runs. */
+    attention_per_head<DPL>(a, smem, &flag, __ldcg(a.step + 1));
+}
+
+template <int DPL, int HP>
+__global__ void __launch_bounds__(ATTN_THREADS) attention_grouped_kernel(const attn_args a) {
+    DYN_SMEM(float, smem);
+    __shared__ int flag;
+    trace_mark(a.trace, TRACE_ENTRY);
+    attention_grouped<DPL, HP>(a, smem, &flag, __ldcg(a.step + 1)); /* as above */
 }
 
 /* A lane holds hd / 32 dims (one, or none, below 32), rotary pairs must not straddle lanes unevenly,
@@ -494,20 +779,65 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args
 bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits) {
     const int dims_per_lane = hd > 32 ? hd / 32 : 1;
     return ((hd <= 32 && hd % 2 == 0) || hd == 64 || hd == 128 || hd == 256) && n_rot % 2 == 0 &&
-           (n_rot / 2) % dims_per_lane == 0 && G >= 1 &&
-           G <= ATTN_MAX_G && n_splits >= 1 && n_splits <= ATTN_MAX_SPLITS;
+           (n_rot / 2) % dims_per_lane == 0 && G >= 1 && G <= ATTN_MAX_G && n_splits >= 1 &&
+           n_splits <= ATTN_MAX_SPLITS;
 }
 
-/* The kernel for heads of hd dims (hd / 32 a lane). */
+/* Heads a warp in the grouped way for G heads of hd dims: 1 (none) unless
+ * G is a power of two above 1. */
+static int grouped_hp(int G, int hd) {
+    return G > 1 && (G & (G - 1)) == 0 ? attn_heads_per_warp(hd > 32 ? hd / 32 : 1, G) : 1;
+}
+
+/* The kernel for heads of hd dims (hd / 32 a lane), per head or grouped. */
 typedef void (*attention_fn)(const attn_args);
-static attention_fn attention_kernel_for(int hd) {
-    return hd <= 32 ? attention_kernel<1> : hd == 64 ? attention_kernel<2> : hd == 128 ? attention_kernel<4>
-                                                                                      : attention_kernel<8>;
+template <int DPL>
+static attention_fn grouped_kernel_with(int hp) {
+    return hp == 2   ? attention_grouped_kernel<DPL, 2>
+           : hp == 4 ? attention_grouped_kernel<DPL, 4>
+                     : attention_grouped_kernel<DPL, 8>;
 }
 
-/* The threads and the shared memory (fold_warps' slots) of a block. */
-static int attn_threads(int G) { return 32 * G * attn_warps_per_head(G); }
-static size_t attn_smem(int G, int hd) { return (size_t)(attn_warps_per_head(G) - 1) * G * (hd + 2) * sizeof(float); }
+static attention_fn attention_kernel_for(int G, int hd, bool grouped) {
+    const int hp = grouped_hp(G, hd);
+    if (!grouped || hp == 1)
+        return hd <= 32    ? attention_kernel<1>
+               : hd == 64  ? attention_kernel<2>
+               : hd == 128 ? attention_kernel<4>
+                           : attention_kernel<8>;
+    if (hd > 128) return hp == 2 ? attention_grouped_kernel<8, 2> : attention_grouped_kernel<8, 4>;
+    return hd <= 32 ? grouped_kernel_with<1>(hp) : hd == 64 ? grouped_kernel_with<2>(hp) : grouped_kernel_with<4>(hp);
+}
+
+/* A block's threads: 16 warps grouped, G x W per head. */
+static int attn_threads(int G, bool grouped) { return grouped ? ATTN_THREADS : 32 * G * attn_warps_per_head(G); }
+
+/* Shared memory per head: the fold's (W - 1) x G slots of hd floats and
+ * their (m, l); grouped: see above. */
+static size_t attn_smem(int G, int hd, bool grouped) {
+    const int floats =
+        grouped ? grouped_smem_floats(G, hd, grouped_hp(G, hd)) : (attn_warps_per_head(G) - 1) * G * (hd + 2);
+    return (size_t)floats * sizeof(float);
+}
+
+/* Positions (pos + 1) from which the grouped way runs: where the per-head
+ * way would give a warp 4 batches or more (decode-plan fact 67: 2048
+ * positions for Qwen3-30B-A3B on an H200, 32 splits), or
+ * MOE_CUDA_ATTN_GROUPED_FROM; never where G is not a power of two above 1. */
+int cuda_attention_grouped_from(int G, int hd, int n_splits) {
+    const char *v = getenv("MOE_CUDA_ATTN_GROUPED_FROM");
+    if (grouped_hp(G, hd) == 1) return INT_MAX;
+    if (v && *v) return atoi(v);
+    return 4 * attn_warps_per_head(G) * (32 / (hd > 32 ? hd / 32 : 1)) * n_splits;
+}
+
+/* Lets the kernel for (G, hd) take its shared memory (past 48 KB for
+ * Qwen3's 8 heads a warp); at state creation, never inside a capture. */
+cudaError_t cuda_attention_setup(int G, int hd) {
+    if (grouped_hp(G, hd) == 1) return cudaSuccess;
+    return cudaFuncSetAttribute(attention_kernel_for(G, hd, true), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)attn_smem(G, hd, true));
+}
 
 /* Blocks per KV head: as many as fit on the GPU at once (a long context
  * is then read by every multiprocessor, so more of its loads are in
@@ -515,8 +845,10 @@ static size_t attn_smem(int G, int hd) { return (size_t)(attn_warps_per_head(G) 
 int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
     const int G = n_heads / n_kv;
     int per_sm = 1;
-    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(hd), attn_threads(G),
-                                                                  attn_smem(G, hd));
+    cudaError_t e = cuda_attention_setup(G, hd);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(G, hd, false),
+                                                          attn_threads(G, false), attn_smem(G, hd, false));
     if (e != cudaSuccess || per_sm < 1) per_sm = 1;
     int splits = per_sm * n_sm / n_kv;
     return splits < 1 ? 1 : splits > ATTN_MAX_SPLITS ? ATTN_MAX_SPLITS : splits;
@@ -524,8 +856,9 @@ int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
 
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl) {
     const int G = a->n_heads / a->n_kv;
-    LAUNCH_PDL(pdl, attention_kernel_for(a->hd), dim3(a->n_kv, a->n_splits), attn_threads(G), attn_smem(G, a->hd), st,
-               *a);
+    const bool grouped = a->grouped && grouped_hp(G, a->hd) > 1;
+    LAUNCH_PDL(pdl, attention_kernel_for(G, a->hd, grouped), dim3(a->n_kv, a->n_splits), attn_threads(G, grouped),
+               attn_smem(G, a->hd, grouped), st, *a);
 }
 
 /* cos | sin of every position's RoPE angles, as cpu_rope computes them. */

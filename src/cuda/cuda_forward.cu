@@ -171,6 +171,7 @@ static void attention_block(cuda_state *s, int l, bool with_o) {
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
     a.n_splits = s->attn_splits;
+    a.grouped = s->attn_grouped;
     a.trace = trace_of(s, l, CUDA_STAGE_ATTENTION);
     if (live(s, CUDA_STAGE_ATTENTION)) cuda_attention(&a, s->stream, s->opt.pdl);
     mark(s, CUDA_STAGE_ATTENTION, 2.0 * (s->prof_pos + 1) * s->kv_dim * sizeof(float));
@@ -371,23 +372,31 @@ static moe_status set_step(cuda_state *s, int token, int pos, moe_error *err) {
     return MOE_OK;
 }
 
-static moe_status run_step(cuda_state *s, moe_error *err) {
+/* Which captured step serves position pos: the attention's kernel
+ * changes with the context's length (attention.cu). */
+static int step_variant(const cuda_state *s, int pos) { return pos + 1 >= s->attn_grouped_from; }
+
+/* The step at position pos (set on the device by set_step or by the step
+ * before). */
+static moe_status run_step(cuda_state *s, int pos, moe_error *err) {
+    const int v = step_variant(s, pos);
+    s->attn_grouped = v;
     if (!s->opt.graph) {
         enqueue_step(s);
         CUDA_CHECK(cudaGetLastError());
         return MOE_OK;
     }
-    if (!s->graph_ready) {
+    if (!s->graph_ready[v]) {
         cudaGraph_t graph;
         CUDA_CHECK(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
         enqueue_step(s);
         CUDA_CHECK(cudaStreamEndCapture(s->stream, &graph));
-        cudaError_t e = cudaGraphInstantiate(&s->graph, graph, 0);
+        cudaError_t e = cudaGraphInstantiate(&s->graph[v], graph, 0);
         cudaGraphDestroy(graph);
         CUDA_CHECK(e);
-        s->graph_ready = true;
+        s->graph_ready[v] = true;
     }
-    CUDA_CHECK(cudaGraphLaunch(s->graph, s->stream));
+    CUDA_CHECK(cudaGraphLaunch(s->graph[v], s->stream));
     return MOE_OK;
 }
 
@@ -404,7 +413,7 @@ moe_status cuda_forward(cuda_state *s, const int32_t *tokens, int n, int pos, fl
     if (cuda_prefill_batched(s, n)) return cuda_prefill(s, tokens, n, pos, logits, all_logits, err);
     moe_status st = MOE_OK;
     for (int i = 0; i < n && st == MOE_OK; i++) {
-        if ((st = set_step(s, tokens[i], pos + i, err)) != MOE_OK || (st = run_step(s, err)) != MOE_OK) break;
+        if ((st = set_step(s, tokens[i], pos + i, err)) != MOE_OK || (st = run_step(s, pos + i, err)) != MOE_OK) break;
         float *out = !logits ? NULL : all_logits ? logits + (size_t)i * vocab : i == n - 1 ? logits : NULL;
         if (out) CUDA_CHECK(cudaMemcpyAsync(out, s->logits, (size_t)vocab * sizeof(float), cudaMemcpyDeviceToHost, s->stream));
     }
@@ -420,7 +429,7 @@ moe_status cuda_decode_greedy(cuda_state *s, int32_t token, int pos, int n, int3
     moe_status st = set_step(s, token, pos, err);
     if (st != MOE_OK) return st;
     CUDA_CHECK(cudaEventRecord(s->ev[0], s->stream));
-    for (int i = 0; i < n && st == MOE_OK; i++) st = run_step(s, err);
+    for (int i = 0; i < n && st == MOE_OK; i++) st = run_step(s, pos + i, err);
     CUDA_CHECK(cudaEventRecord(s->ev[1], s->stream));
     CUDA_CHECK(cudaEventSynchronize(s->ev[1]));
     if (st != MOE_OK) return st;
@@ -437,7 +446,7 @@ moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float
     CUDA_CHECK(cudaEventRecord(s->ev[0], s->stream));
     if (batched) st = cuda_prefill(s, tokens, n, 0, NULL, false, err);
     for (int i = 0; !batched && i < n && st == MOE_OK; i++)
-        if ((st = set_step(s, tokens[i], i, err)) == MOE_OK) st = run_step(s, err);
+        if ((st = set_step(s, tokens[i], i, err)) == MOE_OK) st = run_step(s, i, err);
     CUDA_CHECK(cudaEventRecord(s->ev[1], s->stream));
     CUDA_CHECK(cudaEventSynchronize(s->ev[1]));
     if (st == MOE_OK && ms) CUDA_CHECK(cudaEventElapsedTime(ms, s->ev[0], s->ev[1]));
@@ -447,8 +456,10 @@ moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float
 /* The captured step is dropped when what it captured changes (profiling:
  * stages left out, the timeline's marks); the next run_step captures anew. */
 static void drop_graph(cuda_state *s) {
-    if (s->graph_ready) cudaGraphExecDestroy(s->graph);
-    s->graph_ready = false;
+    for (int v = 0; v < 2; v++) {
+        if (s->graph_ready[v]) cudaGraphExecDestroy(s->graph[v]);
+        s->graph_ready[v] = false;
+    }
 }
 
 /* Microseconds a token of `n` graph replays from position pos, with the
@@ -462,7 +473,8 @@ static moe_status graph_step_us(cuda_state *s, unsigned skip, int32_t token, int
     const bool graph = s->opt.graph;
     s->opt.graph = true;
     float ms = 0;
-    moe_status st = s->graph_ready ? MOE_OK : cuda_decode_greedy(s, token, pos, 1, NULL, NULL, err);
+    const bool captured = s->graph_ready[step_variant(s, pos)];
+    moe_status st = captured ? MOE_OK : cuda_decode_greedy(s, token, pos, 1, NULL, NULL, err);
     if (st == MOE_OK) st = cuda_decode_greedy(s, token, pos, n, NULL, &ms, err);
     s->opt.graph = graph;
     *us = ms * 1e3f / n;
@@ -627,7 +639,7 @@ static moe_status trace_replays(cuda_state *s, int32_t token, int pos, int reps,
     moe_status st = MOE_OK;
     for (int r = -1; r < reps && st == MOE_OK; r++) { /* r = -1: warm-up (and the capture) */
         cudaError_t e = cudaMemsetAsync(s->trace, 0, n * sizeof *marks, s->stream);
-        if (e == cudaSuccess && (st = set_step(s, token, pos, err)) == MOE_OK && (st = run_step(s, err)) == MOE_OK)
+        if (e == cudaSuccess && (st = set_step(s, token, pos, err)) == MOE_OK && (st = run_step(s, pos, err)) == MOE_OK)
             e = cudaMemcpyAsync(marks, s->trace, n * sizeof *marks, cudaMemcpyDeviceToHost, s->stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(s->stream);
         if (e != cudaSuccess) st = moe_error_set(err, MOE_ERR_IO, "traced step failed: %s", cudaGetErrorName(e));
@@ -788,6 +800,7 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         s->h_len = c->n_ff;
     }
     s->attn_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim);
+    s->attn_grouped_from = cuda_attention_grouped_from(c->n_heads / c->n_kv_heads, c->head_dim, s->attn_splits);
     s->max_grid = g->n_sm * 32;
 
     size_t need = 0, free_b = 0, total_b = 0;

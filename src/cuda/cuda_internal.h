@@ -173,6 +173,7 @@ struct attn_args {
     float *part_ml;                /* (n_kv, n_splits, G, 2): m, l */
     unsigned *counters;            /* (n_kv) */
     int n_heads, n_kv, hd, n_splits;
+    bool grouped;                  /* heads scored in groups (long contexts: cuda_attention_grouped_from) */
     uint64_t *trace;
 };
 
@@ -357,9 +358,11 @@ struct cuda_state {
     size_t moe_ffn_smem;
     int q_dim, kv_dim, n_ff_routed, h_len;
     int attn_splits;
+    int attn_grouped_from; /* positions (pos + 1) from which the attention scores heads in groups */
+    bool attn_grouped;     /* the step being enqueued does */
     int max_grid;
-    cudaGraphExec_t graph;
-    bool graph_ready;
+    cudaGraphExec_t graph[2]; /* the step captured for short contexts, and with heads in groups */
+    bool graph_ready[2];
     unsigned skip_stages; /* stages left out of the step (1 << CUDA_STAGE_*): profiling only */
     cudaEvent_t ev[2];
     /* stage profile (cuda_profile_step): an event after every stage */
@@ -398,6 +401,8 @@ void cuda_route(const route_spec *r, const float *logits, int n_tokens, float *w
 /* Attention (attention.cu). */
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl);
 bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits);
+cudaError_t cuda_attention_setup(int G, int hd);
+int cuda_attention_grouped_from(int G, int hd, int n_splits);
 int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd);
 void cuda_rope_table(const model_config *c, const float *rope_freqs, int n_ctx, float *out);
 

@@ -1395,7 +1395,8 @@ moe_status cuda_test_decode_attention(const cuda_test_attention *c, int n_splits
     attn_args a;
     memset(&a, 0, sizeof a);
     const int step[2] = {0, c->pos};
-    cudaError_t e = upload_attention_io(&t, c, k_cache, v_cache, &io);
+    cudaError_t e = cuda_attention_setup(c->n_heads / c->n_kv_heads, c->head_dim);
+    if (e == cudaSuccess) e = upload_attention_io(&t, c, k_cache, v_cache, &io);
     if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.part_out, n_parts * c->head_dim * sizeof(float));
     if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.part_ml, n_parts * 2 * sizeof(float));
     if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.counters, (size_t)c->n_kv_heads * sizeof(unsigned));
@@ -1409,6 +1410,7 @@ moe_status cuda_test_decode_attention(const cuda_test_attention *c, int n_splits
         a.eps = c->eps;
         a.n_rot = c->n_rot, a.neox = c->neox;
         a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.hd = c->head_dim, a.n_splits = n_splits;
+        a.grouped = c->pos + 1 >= cuda_attention_grouped_from(c->n_heads / c->n_kv_heads, c->head_dim, n_splits);
         cuda_attention(&a, 0, false);
         e = cudaGetLastError();
     }
