@@ -144,6 +144,12 @@ if [ "${MOE_TESTS:-1}" = 1 ] && [ -x "$BUILD/tests/test_cuda_forward" ]; then
     # results.md counts the lines)
     step forward_each 200 "$OUT/forward.log" env MOE_CUDA_EXPERTS=each "$BUILD/tests/test_cuda_forward"
 fi
+if [ "${MOE_TESTS:-1}" = 1 ] && [ -x "$BUILD/tests/test_cuda_forward" ]; then
+    # the attention's grouped kernel from position 20 (it runs from 2048 by
+    # default): each step's second captured graph, switched to mid-sequence
+    # (after forward_each: results.md counts the lines)
+    step forward_grouped 200 "$OUT/forward.log" env MOE_CUDA_ATTN_GROUPED_FROM=20 "$BUILD/tests/test_cuda_forward"
+fi
 
 if [ -n "${SYNTH_PID:-}" ]; then
     log "waiting for synth"
@@ -231,7 +237,7 @@ fi
     echo
     echo "| step | exit | what |"
     echo "| --- | --- | --- |"
-    for s in configure build kernels forward forward_decode golden_gpu engine forward_each bench lab reference_spread forward30b run_cuda run_cuda_sampled bench_json at_scale; do
+    for s in configure build kernels forward forward_decode golden_gpu engine forward_each forward_grouped bench lab reference_spread forward30b run_cuda run_cuda_sampled bench_json at_scale; do
         echo "| $s | ${STATUS[$s]:-not run} | $(case $s in
             kernels) grep -E "passed|FAIL" "$OUT/kernels.log" 2>/dev/null | tail -1 ;;
             forward) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | head -1 ;;
@@ -239,6 +245,7 @@ fi
             golden_gpu) grep -E "^golden on the GPU" "$OUT/forward.log" 2>/dev/null | tail -1 ;;
             engine) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | sed -n 3p ;;
             forward_each) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | sed -n 4p ;;
+            forward_grouped) grep -E "^[0-9]+ passed" "$OUT/forward.log" 2>/dev/null | sed -n 5p ;;
             reference_spread) grep -E " vs avx512:" "$OUT/forward30b.log" 2>/dev/null | tr '\n' ' ' | cut -c1-200 ;;
             forward30b) grep -E "worst rel L2|passed" "$OUT/forward30b.log" 2>/dev/null | grep -v " vs avx512:" | tr '\n' ' ' | cut -c1-200 ;;
             run_cuda) grep -E "tok/s" "$OUT/forward.log" 2>/dev/null | tail -2 | head -1 | cut -c1-200 ;;

@@ -573,14 +573,12 @@ __device__ __forceinline__ void attention_per_head(const attn_args &a, float *sm
 
 /* ---------------------------------------------------------------- grouped */
 
-/* Grouped: shared memory, in floats: the query heads (G x hd), the new key and
- * value (2 x hd), then the warps' states (W x G x hd outputs, W x G
- * (m, l) and each head's folded (M, L)), whose room the merge reuses for
- * the splits' weights and its threads' partial sums (VW floats each). */
+/* Grouped: shared memory, in floats: the query heads (G x hd), the new
+ * key and value (2 x hd), then the warps' states (W x G x hd outputs, W x
+ * G (m, l) and each head's folded (M, L)), whose room the merge reuses:
+ * the per-head merge's (16 / G - 1) x G slots fit in W x G = 16 HP. */
 static int grouped_smem_floats(int G, int hd, int hp) {
-    const int W = attn_warps_per_group(G, hp);
-    const int states = W * G * (hd + 2) + 2 * G, merge = ATTN_MAX_SPLITS * G + 4 * ATTN_THREADS;
-    return G * hd + 2 * hd + (states > merge ? states : merge);
+    return G * hd + 2 * hd + attn_warps_per_group(G, hp) * G * (hd + 2) + 2 * G;
 }
 
 /* A warp leaves its state in shared memory: outputs slots[w][head] (hd
@@ -636,67 +634,6 @@ __device__ __forceinline__ void fold_group_warps(const attn_args &a, const float
     }
 }
 
-/* The last block of KV head g merges its n active splits: thread t takes
- * VW output values (vector t % V of the V = G hd / VW) over every P-th
- * split from t / V, so that all threads load. While the first loads are in
- * flight, warp h < G weighs head h's splits (lane s split s) into shared
- * memory; the P partial sums of a vector meet there too. */
-template <int VW>
-__device__ __forceinline__ void merge_group_splits(const attn_args &a, float *scratch, int g, int n) {
-    constexpr int MB = 16 / VW < 4 ? 4 : 16 / VW; /* splits loaded together: 16 registers */
-    const int G = a.n_heads / a.n_kv, hd = a.hd, V = G * hd / VW, P = V >= ATTN_THREADS ? 1 : ATTN_THREADS / V;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float *weight = scratch; /* (n, G): e^(m_s - M) / L */
-    float *parts = scratch + ATTN_MAX_SPLITS * G;
-    const float2 *part_ml = (const float2 *)a.part_ml + (size_t)g * a.n_splits * G;
-    const float *part_out = a.part_out + (size_t)g * a.n_splits * G * hd;
-    /* splits s0 + part, s0 + part + P, ... of vector vec */
-    auto load_round = [&](int vec, int part, int s0, float(*v)[VW]) {
-#pragma unroll
-        for (int j = 0; j < MB; j++) {
-            const int s = s0 + part + j * P;
-            load_dims<VW, true>(part_out + (size_t)s * G * hd + vec * VW, v[j], vec < V && s < n);
-        }
-    };
-    float v[MB][VW];
-    load_round(threadIdx.x % V, threadIdx.x / V, 0, v);
-    if (warp < G) {
-        float M, L;
-        const float f = part_weight(lane < n ? __ldcg(part_ml + lane * G + warp) : make_float2(-INFINITY, 0.0f), M, L);
-        if (lane < n) weight[lane * G + warp] = f / L;
-    }
-    __syncthreads();
-#pragma unroll 1
-    for (int t0 = 0; t0 < V * P; t0 += ATTN_THREADS) {
-        const int t = t0 + threadIdx.x, vec = t % V, part = t / V, head = vec * VW / hd;
-        float o[VW];
-#pragma unroll
-        for (int i = 0; i < VW; i++) o[i] = 0.0f;
-        if (t0) load_round(vec, part, 0, v);
-#pragma unroll 1
-        for (int s0 = 0; s0 < n; s0 += MB * P) {
-            if (s0) load_round(vec, part, s0, v);
-#pragma unroll
-            for (int j = 0; j < MB; j++) {
-                const int s = s0 + part + j * P;
-                const float f = s < n ? weight[s * G + head] : 0.0f;
-#pragma unroll
-                for (int i = 0; i < VW; i++) o[i] += f * v[j][i];
-            }
-        }
-        const bool mine = t < V * P;
-        if (P > 1) { /* the P parts of a vector meet in shared memory */
-            store_dims<VW>(parts + t * VW, o, mine && part > 0);
-            __syncthreads();
-            if (part > 0) continue;
-            for (int p = 1; p < P; p++)
-#pragma unroll
-                for (int i = 0; i < VW; i++) o[i] += parts[(p * V + vec) * VW + i];
-        }
-        store_dims<VW>(a.out + (size_t)g * G * hd + vec * VW, o, mine);
-    }
-}
-
 /* The grouped way (see the top of this file): warp (hg, w) takes heads
  * hg * HP .. hg * HP + HP - 1 and every W-th batch of the block's range
  * from w. Warp h < G prepares query head h into shared memory (q_s), warp
@@ -747,7 +684,8 @@ __device__ __forceinline__ void attention_grouped(const attn_args &a, float *sme
     fold_group_warps(a, slots, ml, head_ml, min(W, (end - start + B - 1) / B), g, split, n_active);
     trace_mark(a.trace, TRACE_WORKED);
     if (n_active == 1 || !last_block(a.counters + g, n_active, flag)) return;
-    merge_group_splits<DPL >= 2 ? 4 : 1>(a, slots, g, n_active);
+    /* the per-head merge: its warps' layout needs only 16 warps, G x 16 / G */
+    merge_head_splits<DPL>(a, slots, attn_warps_per_head(G), g, warp % G, warp / G, n_active);
     trace_mark(a.trace, TRACE_EXIT);
 }
 
