@@ -10,7 +10,8 @@
 # device, with the tarballs carried (carry [".debs", ".carry"]):
 #   MOE_EXPERIMENT='bash scripts/device_ab.sh run' bash scripts/device_run.sh
 # builds each .carry/*.tar beside the run's own build ($MOE) and prints, to
-# experiment.log: tg128 twice per variant, tg32 at depth 4096, and at
+# experiment.log: tg128 twice per variant, tg32 at depth 4096 (or at each
+# depth of MOE_AB_DEPTHS="1024 4096 ..."), and at
 # positions 64 and 512 each stage's cost in the graph and the layer
 # timeline (MOE_AB_TIMELINE=0 leaves those out, MOE_AB_TIMELINE="512"
 # takes those positions). `bash scripts/device_ab.sh build` only builds
@@ -129,7 +130,8 @@ run() {
     [ "${MOE_AB_STAGING:-0}" = 1 ] && staging
     bench tg128 -p 0 -n 128 -r 5
     bench tg128 -p 0 -n 128 -r 5
-    bench d4096 -p 0 -n 32 -r 2 -d 4096
+    local depth
+    for depth in ${MOE_AB_DEPTHS:-4096}; do bench "d$depth" -p 0 -n 32 -r 2 -d "$depth"; done
     [ "${MOE_AB_PREFILL:-0}" = 1 ] && prefill
     local positions=${MOE_AB_TIMELINE:-1}
     [ "$positions" = 1 ] && positions="64 512"

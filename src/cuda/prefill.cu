@@ -379,6 +379,102 @@ static __device__ void stage_keys_bf16(const prefill_attn &a, int g, int k0, int
     }
 }
 
+/* A warp's 16 query rows of head group g as A fragments: 16 rows x HD,
+ * HD / 16 slices of 16 dims (zeros for rows past R). */
+template <int HD>
+static __device__ __forceinline__ void load_query_fragments(const prefill_attn &a, int g, int q0, int R,
+                                                            const int row[2], unsigned qa[HD / 16][4]) {
+    const int G = a.n_heads / a.n_kv, t = threadIdx.x & 3;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float2 lo = make_float2(0, 0), hi = lo;
+            if (row[h] < R) {
+                const float *q = a.qkv + (int64_t)(q0 + row[h] / G) * a.qkv_stride + (g * G + row[h] % G) * HD + 16 * kk + 2 * t;
+                lo = *(const float2 *)q, hi = *(const float2 *)(q + 8);
+            }
+            qa[kk][h] = bf16_pair(lo.x, lo.y), qa[kk][2 + h] = bf16_pair(hi.x, hi.y);
+        }
+}
+
+/* The scores of the warp's rows against the staged keys: 8 keys a fragment. */
+template <int HD>
+static __device__ __forceinline__ void tile_scores(const uint16_t *ks, const unsigned qa[HD / 16][4],
+                                                   float sc[ATT_MMA_KEYS / 8][4]) {
+    const int lane = threadIdx.x & 31, gq = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < ATT_MMA_KEYS / 8; n++) {
+        sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+        const uint16_t *kr = ks + (n * 8 + gq) * (HD + 8) + 2 * t;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const unsigned b[2] = {*(const unsigned *)(kr + 16 * kk), *(const unsigned *)(kr + 16 * kk + 8)};
+            mma_bf16_m16n8k16(sc[n], qa[kk], b);
+        }
+    }
+}
+
+/* The online softmax over a tile of keys from k0, in place: each of the
+ * lane's two rows (h: sc[n][2h], sc[n][2h + 1]) masked past what it sees,
+ * scaled, exponentiated against the new running max; corr: what the
+ * output so far is to be multiplied by. */
+static __device__ __forceinline__ void softmax_tile(float sc[ATT_MMA_KEYS / 8][4], int k0, const int seen[2],
+                                                    float scale, float m[2], float l[2], float corr[2]) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        float mx = m[h];
+#pragma unroll
+        for (int n = 0; n < ATT_MMA_KEYS / 8; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int key = k0 + n * 8 + 2 * t + c;
+                float &v = sc[n][2 * h + c];
+                v = key <= seen[h] ? v * scale : -INFINITY;
+                mx = fmaxf(mx, v);
+            }
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2)); /* finite: key 0 is in every row's first tile */
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < ATT_MMA_KEYS / 8; n++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                float &v = sc[n][2 * h + c];
+                v = v == -INFINITY ? 0.0f : expf(v - mx);
+                sum += v;
+            }
+        sum += __shfl_xor_sync(FULL_MASK, sum, 1);
+        sum += __shfl_xor_sync(FULL_MASK, sum, 2);
+        corr[h] = expf(m[h] - mx); /* 0 on the first tile */
+        l[h] = l[h] * corr[h] + sum;
+        m[h] = mx;
+    }
+}
+
+/* The output rescaled by corr, plus the tile's probabilities (the
+ * scores' accumulators, as A fragments) times its values. */
+template <int HD>
+static __device__ __forceinline__ void accumulate_values(const uint16_t *vt, const float sc[ATT_MMA_KEYS / 8][4],
+                                                         const float corr[2], float o[HD / 8][4]) {
+    const int lane = threadIdx.x & 31, gq = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] *= corr[0], o[n][1] *= corr[0], o[n][2] *= corr[1], o[n][3] *= corr[1];
+#pragma unroll
+    for (int kk = 0; kk < ATT_MMA_KEYS / 16; kk++) {
+        const unsigned pa[4] = {bf16_pair(sc[2 * kk][0], sc[2 * kk][1]), bf16_pair(sc[2 * kk][2], sc[2 * kk][3]),
+                                bf16_pair(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                bf16_pair(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++) {
+            const uint16_t *vr = vt + (n * 8 + gq) * (ATT_MMA_KEYS + 8) + 16 * kk + 2 * t;
+            const unsigned b[2] = {*(const unsigned *)vr, *(const unsigned *)(vr + 8)};
+            mma_bf16_m16n8k16(o[n], pa, b);
+        }
+    }
+}
+
 template <int HD>
 static __global__ void __launch_bounds__(ATT_MMA_THREADS) attention_mma_kernel(const prefill_attn a, int T) {
     DYN_SMEM(uint16_t, ks);
@@ -393,19 +489,8 @@ static __global__ void __launch_bounds__(ATT_MMA_THREADS) attention_mma_kernel(c
         row[h] = warp * 16 + gq + 8 * h;
         seen[h] = row[h] < R ? a.pos + q0 + row[h] / G : 0;
     }
-    /* q as A fragments: 16 rows x HD, HD / 16 slices of 16 dims */
     unsigned qa[HD / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            float2 lo = make_float2(0, 0), hi = lo;
-            if (row[h] < R) {
-                const float *q = a.qkv + (int64_t)(q0 + row[h] / G) * a.qkv_stride + (g * G + row[h] % G) * HD + 16 * kk + 2 * t;
-                lo = *(const float2 *)q, hi = *(const float2 *)(q + 8);
-            }
-            qa[kk][h] = bf16_pair(lo.x, lo.y), qa[kk][2 + h] = bf16_pair(hi.x, hi.y);
-        }
+    load_query_fragments<HD>(a, g, q0, R, row, qa);
     float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -414,61 +499,10 @@ static __global__ void __launch_bounds__(ATT_MMA_THREADS) attention_mma_kernel(c
         __syncthreads(); /* the tile before is done with */
         stage_keys_bf16<HD>(a, g, k0, last, ks, vt);
         __syncthreads();
-        float sc[ATT_MMA_KEYS / 8][4]; /* scores: 8 keys a fragment */
-#pragma unroll
-        for (int n = 0; n < ATT_MMA_KEYS / 8; n++) {
-            sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-            const uint16_t *kr = ks + (n * 8 + gq) * (HD + 8) + 2 * t;
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                const unsigned b[2] = {*(const unsigned *)(kr + 16 * kk), *(const unsigned *)(kr + 16 * kk + 8)};
-                mma_bf16_m16n8k16(sc[n], qa[kk], b);
-            }
-        }
-        float corr[2];
-#pragma unroll
-        for (int h = 0; h < 2; h++) { /* row h: sc[n][2h], sc[n][2h + 1] */
-            float mx = m[h];
-#pragma unroll
-            for (int n = 0; n < ATT_MMA_KEYS / 8; n++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int key = k0 + n * 8 + 2 * t + c;
-                    float &v = sc[n][2 * h + c];
-                    v = key <= seen[h] ? v * scale : -INFINITY;
-                    mx = fmaxf(mx, v);
-                }
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, 2)); /* finite: key 0 is in every row's first tile */
-            float sum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < ATT_MMA_KEYS / 8; n++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    float &v = sc[n][2 * h + c];
-                    v = v == -INFINITY ? 0.0f : expf(v - mx);
-                    sum += v;
-                }
-            sum += __shfl_xor_sync(FULL_MASK, sum, 1);
-            sum += __shfl_xor_sync(FULL_MASK, sum, 2);
-            corr[h] = expf(m[h] - mx); /* 0 on the first tile */
-            l[h] = l[h] * corr[h] + sum;
-            m[h] = mx;
-        }
-#pragma unroll
-        for (int n = 0; n < HD / 8; n++) o[n][0] *= corr[0], o[n][1] *= corr[0], o[n][2] *= corr[1], o[n][3] *= corr[1];
-#pragma unroll
-        for (int kk = 0; kk < ATT_MMA_KEYS / 16; kk++) {
-            const unsigned pa[4] = {bf16_pair(sc[2 * kk][0], sc[2 * kk][1]), bf16_pair(sc[2 * kk][2], sc[2 * kk][3]),
-                                    bf16_pair(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                    bf16_pair(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-            for (int n = 0; n < HD / 8; n++) {
-                const uint16_t *vr = vt + (n * 8 + gq) * (ATT_MMA_KEYS + 8) + 16 * kk + 2 * t;
-                const unsigned b[2] = {*(const unsigned *)vr, *(const unsigned *)(vr + 8)};
-                mma_bf16_m16n8k16(o[n], pa, b);
-            }
-        }
+        float sc[ATT_MMA_KEYS / 8][4], corr[2];
+        tile_scores<HD>(ks, qa, sc);
+        softmax_tile(sc, k0, seen, scale, m, l, corr);
+        accumulate_values<HD>(vt, sc, corr, o);
     }
 #pragma unroll
     for (int h = 0; h < 2; h++) {
