@@ -19,14 +19,15 @@
  * registers before the wait too.
  *
  * Two ways to share a block's warps among the G query heads of KV head g,
- * picked on the device by the position:
+ * two kernels picked by the position (the host captures the decode step
+ * once with each and replays the one for the position, cuda_forward.cu):
  *  - per head (short contexts): W = 16 / G warps for each query head, taking
  *    turns over the block's positions; a key or value row is read from
  *    memory once and from L1 by the other heads' warps. Every warp prepares
  *    its head and its own copy of the new key and value (a few hundred
  *    redundant flops instead of a barrier). The shortest path while a warp
  *    has few batches.
- *  - grouped (from grouped_from positions, G a power of two above 1): a
+ *  - grouped (cuda_attention_grouped_from, G a power of two above 1): a
  *    warp scores HP heads at once against each key it loads (up to 8, at
  *    most 32 / DPL so that their outputs fit in 32 registers), and the
  *    positions are dealt out among the 16 / (G / HP) warps of a head group:
