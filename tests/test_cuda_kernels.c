@@ -548,7 +548,8 @@ static void test_prefill_attention(void) {
 }
 
 /* The decode step's attention both ways (attention.cu): one token after
- * pos cached ones, split over 1 to 32 blocks per KV head (the merge), 1 to
+ * pos cached ones, split over 1 to 32 blocks per KV head (the merge, in
+ * global memory or, per head, in clusters of 2 to 8 blocks), 1 to
  * 16 warps a query head per head, 2 to 8 query heads a warp and 1 to 4
  * head groups a block grouped (the fold of a block's warps), every lane
  * width. */
@@ -560,11 +561,15 @@ static void test_decode_attention(void) {
         {{1, 0, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},  /* Qwen3 (G = 8), the first token */
         {{1, 10, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},   /* 1 split per head, 3 grouped */
         {{1, 2040, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32}, /* 32 splits to merge */
+        {{1, 100, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},  /* 7 merged in a cluster of 8 */
+        {{1, 50, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},    /* 4 in a cluster of 4 */
+        {{1, 600, 4, 4, 64, 64, true, false, false, QK_NORM_FULL, 1.0f}, 8},          /* MHA: 3 in a cluster of 8 */
         {{1, 700, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 5},   /* 9 batches a warp, grouped 3 */
         {{1, 1500, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 2},  /* 47 batches a warp, grouped 12 */
         {{1, 130, 4, 4, 64, 64, true, false, false, QK_NORM_FULL, 1.0f}, 3},        /* OLMoE: MHA, per head only */
         {{1, 77, 14, 2, 64, 64, true, false, false, QK_NORM_NONE, 1.0f}, 7},        /* Qwen2: G = 7, per head only */
         {{1, 300, 8, 2, 128, 128, false, false, true, QK_NORM_NONE, 0.25f}, 16},    /* Llama 3 */
+        {{1, 40, 8, 2, 128, 128, false, false, true, QK_NORM_NONE, 0.25f}, 2},      /* 2 in a cluster of 2 */
         {{1, 200, 16, 1, 256, 64, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 9},  /* G = 16, hd 256: grouped 4 x 4 */
         {{1, 90, 2, 2, 32, 32, false, false, false, QK_NORM_NONE, 1.0f}, 2},        /* hd 32 */
         {{1, 45, 4, 2, 24, 24, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},     /* hd 24: part of a warp */

@@ -127,7 +127,6 @@ template <class F> cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int
     *n = 2;
     return cudaSuccess;
 }
-
 /* ---------------------------------------------------------------- execution */
 
 extern dim3 sim_blockDim, sim_gridDim;
@@ -140,10 +139,14 @@ const dim3 &sim_block_idx(void);
 
 /* together: every block at once (a launch whose blocks meet at grid
  * barriers), each with its own dynamic shared memory; such kernels keep
- * no `__shared__` variables (those are static here). Otherwise blocks
- * run one after another. */
-void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body, bool together = false);
+ * no `__shared__` variables (those are static here). cluster > 1: the
+ * blocks of each cluster of `cluster` along y at once, a cluster after
+ * another (same rule). Otherwise blocks run one after another. */
+void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body, bool together = false,
+                int cluster = 1);
 void *sim_dyn_smem(void);
+void sim_cluster_sync(void);
+void *sim_cluster_smem(void *p, unsigned rank);
 void sim_yield(void);
 void sim_syncthreads(void);
 void sim_syncwarp(void);
