@@ -48,6 +48,9 @@
  * unnormalised output and its m and l (two arrays, so the outputs stay
  * 16-byte aligned); the last active block of the KV head (an atomic
  * ticket) merges them: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
+ * Per head, where the active splits are few enough to be one thread block
+ * cluster's (sm_90, up to 8: a short context), they meet in its first
+ * block's shared memory instead (merge_in_cluster).
  *
  * RoPE angles come from a table made on the host at state creation with
  * the CPU's formula (double pow, cos and sin, then float), so both
