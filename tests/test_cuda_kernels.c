@@ -575,7 +575,9 @@ static void test_decode_attention(void) {
         {{1, 45, 4, 2, 24, 24, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},     /* hd 24: part of a warp */
         {{1, 60, 4, 2, 6, 6, false, false, false, QK_NORM_NONE, 1.0f}, 3},         /* hd 6: six lanes a head */
     };
-    /* per head, then grouped wherever the heads have groups (a power of two above 1) */
+    /* per head (splits merged in clusters where they fit), then grouped
+     * wherever the heads have groups (a power of two above 1) */
+    setenv("MOE_CUDA_ATTN_CLUSTER", "8", 1);
     setenv("MOE_CUDA_ATTN_GROUPED_FROM", "2147483647", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_attention(&cases[i].k, cases[i].n_splits, 1e-5);
@@ -583,6 +585,7 @@ static void test_decode_attention(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_attention(&cases[i].k, cases[i].n_splits, 1e-5);
     unsetenv("MOE_CUDA_ATTN_GROUPED_FROM");
+    unsetenv("MOE_CUDA_ATTN_CLUSTER");
 }
 
 /* ---------------------------------------------------------------- top logits */

@@ -49,8 +49,8 @@
  * 16-byte aligned); the last active block of the KV head (an atomic
  * ticket) merges them: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
  * Per head, where the active splits are few enough to be one thread block
- * cluster's (sm_90, up to 8: a short context), they meet in its first
- * block's shared memory instead (merge_in_cluster).
+ * cluster's (sm_90, up to 8: a short context), they can meet in its first
+ * block's shared memory instead (merge_in_cluster, MOE_CUDA_ATTN_CLUSTER).
  *
  * RoPE angles come from a table made on the host at state creation with
  * the CPU's formula (double pow, cos and sin, then float), so both
@@ -855,10 +855,11 @@ int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
  * KB and the blocks a multiprocessor, and lets every cluster of the launch
  * be resident at once (a cluster waiting for a second wave would cost more
  * than the merge saves). Thread block clusters need sm_90;
- * MOE_CUDA_ATTN_CLUSTER=N takes at most N (0 or 1: none). */
+ * MOE_CUDA_ATTN_CLUSTER=N takes at most N. Off (1) unless asked for: it
+ * has run only in the simulator, not yet on a GPU (decode-plan fact 68). */
 int cuda_attention_cluster(int n_heads, int n_kv, int hd, int n_splits) {
     const char *v = getenv("MOE_CUDA_ATTN_CLUSTER");
-    const int most = v && *v ? atoi(v) : 8;
+    const int most = v && *v ? atoi(v) : 1;
     cudaDeviceProp prop;
     int dev = 0;
     if (most < 2 || cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
