@@ -354,6 +354,10 @@ static void check_expert_gemm(moe_type type, int rows, int cols) {
 static void test_expert_gemm_every_type(void) {
     for (size_t t = 0; t < sizeof gpu_types / sizeof gpu_types[0]; t++)
         check_expert_gemm(gpu_types[t], 96, quant_format_of(gpu_types[t])->block_size >= 256 ? 512 : 320);
+    /* Q4_K's kernel from the codes (expert_codes.cuh): two tiles of its
+     * 128 rows, the second part empty, and 4 steps, so that its stage
+     * buffers are reused */
+    check_expert_gemm(MOE_TYPE_Q4_K, 200, 1024);
 }
 
 typedef struct attn_case {

@@ -150,11 +150,10 @@ static inline void pdl_wait(void) {}
 static inline void pdl_launch_dependents(void) {}
 static inline void cluster_sync(void) { sim_cluster_sync(); }
 template <class T> static inline T *cluster_smem(T *p, unsigned rank) { return (T *)sim_cluster_smem(p, rank); }
-static inline void cp_async16(void *smem, const void *gmem, bool valid) {
-    if (valid) memcpy(smem, gmem, 16);
-    else memset(smem, 0, 16);
-}
-static inline void cp_async_wait_all(void) {}
+static inline void cp_async16(void *smem, const void *gmem, bool valid) { sim_cp_async(smem, gmem, valid); }
+static inline void cp_async_commit(void) { sim_cp_async_commit(); }
+template <int PENDING> static inline void cp_async_wait(void) { sim_cp_async_wait(PENDING); }
+static inline void cp_async_wait_all(void) { sim_cp_async_wait_all(); }
 static inline uint64_t add_acq_rel_gpu64(uint64_t *p, uint64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
 static inline uint64_t load_acquire_gpu64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 /* A spinning thread lets the others run (fibers switch only when asked). */
@@ -234,6 +233,12 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool va
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
+/* Pipelines: the copies issued since the last commit are a group; wait
+ * until at most PENDING of the newest groups are still in flight. */
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int PENDING> __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
+}
 /* The same on 64 bits: grid_sync's ticket. */
 __device__ __forceinline__ uint64_t add_acq_rel_gpu64(uint64_t *p, uint64_t v) {
     uint64_t old;

@@ -25,6 +25,12 @@ dim3 sim_blockDim, sim_gridDim;
 
 enum { SIM_STACK = 256 * 1024, SIM_MAX_THREADS = 1024, SIM_MAX_FIBERS = 16384, SIM_SMEM = 232448 };
 
+struct sim_copy {
+    void *dst;
+    unsigned char bytes[16];
+    int group;
+};
+
 struct sim_fiber {
     jmp_buf jb;
     ucontext_t uc;
@@ -32,6 +38,8 @@ struct sim_fiber {
     dim3 tid, bid;
     int block; /* its block among those running together */
     bool done;
+    std::vector<sim_copy> copies; /* cp.async copies not yet landed, oldest first */
+    int open_group;               /* the group the next copy joins (cp_async_commit closes it) */
 };
 
 struct sim_barrier {
@@ -52,6 +60,34 @@ static std::vector<uint64_t> warp_slots;               /* [fiber] */
 static std::vector<unsigned char *> dyn_smem;          /* [block] */
 
 const dim3 &sim_thread_idx(void) { return cur->tid; }
+
+/* cp.async: the destination holds NaNs (all ones) from the issue until
+ * the thread waits for the copy's group, so a kernel that reads a stage
+ * before waiting for it, or refills a buffer other warps still read,
+ * reads them. The source is read at the issue (the kernels copy
+ * read-only data). */
+void sim_cp_async(void *smem, const void *gmem, bool valid) {
+    memset(smem, 0xff, 16);
+    sim_copy c;
+    c.dst = smem, c.group = cur->open_group;
+    if (valid) memcpy(c.bytes, gmem, 16);
+    else memset(c.bytes, 0, 16);
+    cur->copies.push_back(c);
+}
+void sim_cp_async_commit(void) { cur->open_group++; }
+void sim_cp_async_wait(int pending) {
+    std::vector<sim_copy> &q = cur->copies;
+    size_t landed = 0;
+    while (landed < q.size() && q[landed].group < cur->open_group - pending) {
+        memcpy(q[landed].dst, q[landed].bytes, 16);
+        landed++;
+    }
+    q.erase(q.begin(), q.begin() + (long)landed);
+}
+void sim_cp_async_wait_all(void) {
+    sim_cp_async_commit();
+    sim_cp_async_wait(0);
+}
 const dim3 &sim_block_idx(void) { return cur->bid; }
 void *sim_dyn_smem(void) { return dyn_smem[cur->block]; }
 
@@ -65,10 +101,13 @@ static void yield_to_scheduler(void) {
 }
 void sim_yield(void) { yield_to_scheduler(); }
 
+static unsigned long releases; /* barriers released and fibers ended: what lets a waiting fiber on */
+
 static void barrier_release_if_complete(sim_barrier *b) {
     if (b->arrived > 0 && b->arrived >= b->live) {
         b->arrived = 0;
         b->gen++;
+        releases++;
     }
 }
 
@@ -102,7 +141,12 @@ static void fiber_main(void) {
     for (;;) {
         (*cur_body)();
         self = cur;
+        if (!self->copies.empty()) {
+            fprintf(stderr, "cuda_sim: a thread ended with %zu cp.async copies it never waited for\n", self->copies.size());
+            abort();
+        }
         self->done = true;
+        releases++;
         sim_barrier *b = &block_bars[self->block], *w = warp_bar_of(self);
         b->live--;
         barrier_release_if_complete(b);
@@ -142,7 +186,27 @@ struct sim_graph {
 static bool capturing;
 static sim_graph *capture;
 
-/* The blocks `bids` at once, round-robin over all their threads. */
+/* Fibers lo .. hi - 1 (a warp) round-robin for as long as they get on:
+ * until a round releases no barrier, when every one of them waits for
+ * another warp (a block barrier, a spin) or has ended. A warp thus runs
+ * ahead of the others up to its next block barrier, as a GPU's warps may,
+ * and a kernel that refills shared memory other warps still read without
+ * a barrier between shows it. Returns how many have not ended. */
+static int run_warp(int lo, int hi) {
+    for (unsigned long before = releases - 1; before != releases;) {
+        before = releases;
+        for (int i = lo; i < hi; i++) {
+            if (fibers[i]->done) continue;
+            cur = fibers[i];
+            if (_setjmp(sched_jb) == 0) _longjmp(cur->jb, 1);
+        }
+    }
+    int left = 0;
+    for (int i = lo; i < hi; i++) left += !fibers[i]->done;
+    return left;
+}
+
+/* The blocks `bids` at once, a warp after another (run_warp). */
 static void run_blocks(const std::vector<dim3> &bids, int n, std::function<void()> &body) {
     const int nb = (int)bids.size(), total = nb * n;
     if (total > SIM_MAX_FIBERS) {
@@ -163,18 +227,15 @@ static void run_blocks(const std::vector<dim3> &bids, int n, std::function<void(
         sim_fiber *f = fibers[i];
         const int t = i % n;
         f->done = false;
+        f->open_group = 0;
         f->block = i / n;
         f->bid = bids[i / n];
         f->tid = dim3(t % sim_blockDim.x, (t / sim_blockDim.x) % sim_blockDim.y, t / (sim_blockDim.x * sim_blockDim.y));
     }
     for (int remaining = total; remaining > 0;) {
         remaining = 0;
-        for (int i = 0; i < total; i++) {
-            if (fibers[i]->done) continue;
-            cur = fibers[i];
-            if (_setjmp(sched_jb) == 0) _longjmp(cur->jb, 1);
-            if (!fibers[i]->done) remaining++;
-        }
+        for (int b = 0; b < nb; b++)
+            for (int w = b * n; w < (b + 1) * n; w += 32) remaining += run_warp(w, w + 32 < (b + 1) * n ? w + 32 : (b + 1) * n);
     }
 }
 

@@ -5,9 +5,12 @@
  * build never includes this file.
  *
  * Model: a kernel launch runs its blocks one after another; the threads of
- * a block are fibers (one stack each) scheduled round-robin, switching only
- * at __syncthreads, __syncwarp and warp shuffles, which are barriers of the
- * block or of the warp. Shared memory is therefore plain static storage
+ * a block are fibers (one stack each), switching only at __syncthreads,
+ * __syncwarp and warp shuffles, which are barriers of the block or of the
+ * warp. A warp's fibers run round-robin up to its next block barrier
+ * before the next warp's do, and a cp.async copy lands only when its
+ * thread waits for it (NaNs until then), so a stage read too early or
+ * refilled too soon reads NaNs. Shared memory is therefore plain static storage
  * (`__shared__` is `static`: blocks never overlap) plus one dynamic buffer.
  * Atomics need no locking (fibers are not preemptive). A stream is a
  * queue that runs at once; capturing a stream records closures, and a
@@ -148,6 +151,10 @@ void *sim_dyn_smem(void);
 void sim_cluster_sync(void);
 void *sim_cluster_smem(void *p, unsigned rank);
 void sim_yield(void);
+void sim_cp_async(void *smem, const void *gmem, bool valid);
+void sim_cp_async_commit(void);
+void sim_cp_async_wait(int pending);
+void sim_cp_async_wait_all(void);
 void sim_syncthreads(void);
 void sim_syncwarp(void);
 uint64_t sim_warp_exchange(uint64_t mine, int src_lane);

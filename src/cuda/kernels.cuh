@@ -1175,7 +1175,7 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
 /* ---------------------------------------------------------------- instantiation */
 
 #include "cuda/dequant.cuh"
-#include "cuda/expert_gemm.cuh"
+#include "cuda/expert_codes.cuh"
 #include "cuda/moe_ffn.cuh"
 
 /* The launches of a format's kernels, each picking the instance for the
@@ -1255,12 +1255,13 @@ static cudaError_t format_allow_smem(int bytes) {
 
 /* Everything a family file provides for its format F: the table entry
  * cuda_formats[] points at (cuda_model.cu); the prefill's dequantization
- * and experts' products come from dequant.cuh and expert_gemm.cuh. */
+ * and experts' products come from dequant.cuh, expert_gemm.cuh and
+ * expert_codes.cuh. */
 #define DEFINE_CUDA_FORMAT(F, ident)                                                                              \
     extern const cuda_format cuda_format_##ident = {                                                            \
         F::TYPE,          #ident,         F::BLOCK,        F::BODY,         F::META,                 F::UNITS,  \
         F::ACT,           F::N,           F::repack,       launch_gemv<F>,  launch_up<F>,            launch_down<F>, \
         launch_embed<F>,  format_occupancy<F>, format_allow_smem<F>, launch_dequant<F>, \
-        launch_expert_gemm<F>, moe_ffn_of<F>()};
+        launch_expert_products<F>, moe_ffn_of<F>()};
 
 #endif

@@ -1,0 +1,174 @@
+/*
+ * expert_codes.cuh — the batched prefill's expert products for formats
+ * whose codes become the tensor cores' A fragments in registers (Q4_K,
+ * expert_codes<F> in its family file): the same product as
+ * expert_gemm.cuh (Y = X W^T for every tile of one expert's tokens, bf16
+ * operands, f32 sums, mma.sync m16n8k16) without the weight tile in
+ * shared memory as f32.
+ *
+ * Why (bench/decode-plan.md, fact 65 and the issue's prefill list): in
+ * expert_gemm.cuh a 256-column step of a block took about 6.6 us, loading,
+ * dequantizing into 64 KB of f32 and multiplying one after the other,
+ * with 4 warps reading and rounding every A fragment twice. Here:
+ * - the step's raw blocks and token columns arrive by cp.async while the
+ *   step before is multiplied (EC_STAGES buffers), no registers held;
+ * - each warp owns 16 rows and decodes their codes straight into A
+ *   fragments (no shared-memory round trip, no fragment read twice);
+ * - the columns of a 16-column mma step are permuted: lane t's four
+ *   columns (2t, 2t + 1, 2t + 8, 2t + 9 in PTX's order) are the format's
+ *   adjacent columns 4t .. 4t + 3, one 32-bit word of codes (two steps'
+ *   worth: low and high nibbles) and one 8-byte load of a token's bf16.
+ *   A sum does not depend on its order of terms, so A and B only have to
+ *   agree;
+ * - a tile's empty 8-token groups are skipped (512-token prompts give
+ *   Qwen3-30B-A3B's experts 32 tokens each: half a 64-token tile).
+ * The A values are the generic kernel's: s * q - m in f32, rounded to
+ * bf16.
+ *
+ * A block: EC_ROWS rows (8 warps of 16) x EG_TOKENS tokens of one tile,
+ * one format block of columns a step. Token rows in shared memory are
+ * padded to 32 bytes past a multiple of 128, so a half warp's 8-byte
+ * loads (4 tokens x 4 lanes) hit 32 banks; the raw rows keep the format's
+ * 144-byte stride, whose 32-bit words of 8 rows x 4 lanes also do.
+ */
+#ifndef MOE_CUDA_EXPERT_CODES_CUH
+#define MOE_CUDA_EXPERT_CODES_CUH
+
+#include <stdlib.h>
+
+#include "cuda/expert_gemm.cuh"
+
+/* Formats opt in (q4_k.cu) with
+ *   template <class MUL> static void fragments(const uint8_t *ra, const uint8_t *rb, int t, MUL mul):
+ * for rows g (ra) and g + 8 (rb) of a warp's 16, one format block each in
+ * shared memory, call mul(a, col) for each 16-column step of the block,
+ * a the lane's A fragments, col the first of its four columns. */
+template <class F>
+struct expert_codes {
+    static constexpr bool value = false;
+};
+
+#define EC_ROWS    128
+#define EC_THREADS 256
+#define EC_STAGES  2
+#define EC_XS      (256 + 16) /* bf16 a token row of a step: 544 bytes */
+
+template <class F>
+__host__ __device__ constexpr size_t expert_codes_stage_bytes(void) {
+    return (size_t)EC_ROWS * F::BODY + (size_t)EG_TOKENS * EC_XS * sizeof(uint16_t);
+}
+
+/* Step k (format block k of every row) of the block's rows and tokens
+ * into stage buffer `raw` (the token tile right after the rows), as one
+ * cp.async group. Token rows past the tile's last 8-token group are
+ * never read and not copied; rows past the matrix repeat its last. */
+template <class F>
+__device__ __forceinline__ void ec_stage(uint8_t *raw, const dmat &m, int64_t e, int m0, const uint16_t *x,
+                                         int64_t ldx, int count, int k) {
+    constexpr int chunks = F::BODY / 16;
+    const uint8_t *body = m.body + e * m.expert_stride + (int64_t)k * F::BODY;
+    for (int i = threadIdx.x; i < EC_ROWS * chunks; i += EC_THREADS) {
+        const int r = i / chunks, c = i - r * chunks;
+        cp_async16(raw + r * F::BODY + 16 * c, body + (int64_t)min(m0 + r, m.rows - 1) * m.row_stride + 16 * c, true);
+    }
+    uint16_t *xs = (uint16_t *)(raw + EC_ROWS * F::BODY);
+    const int per_row = F::BLOCK / 8, rows = (count + 7) & ~7;
+    for (int i = threadIdx.x; i < rows * per_row; i += EC_THREADS) {
+        const int n = i / per_row, c = i - n * per_row;
+        cp_async16(xs + n * EC_XS + 8 * c, x + (n < count ? n : 0) * ldx + (int64_t)k * F::BLOCK + 8 * c, n < count);
+    }
+    cp_async_commit();
+}
+
+/* This warp's 16 rows x the tile's tokens over the stage's columns. */
+template <class F>
+__device__ __forceinline__ void ec_multiply(float acc[8][4], const uint8_t *raw, int groups) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const uint8_t *ra = raw + (16 * warp + g) * F::BODY;
+    const uint16_t *xs = (const uint16_t *)(raw + EC_ROWS * F::BODY) + g * EC_XS;
+    expert_codes<F>::fragments(ra, ra + 8 * F::BODY, t, [&](const unsigned a[4], int col) {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < groups) {
+                const uint2 bj = *(const uint2 *)(xs + 8 * j * EC_XS + col);
+                const unsigned b[2] = {bj.x, bj.y};
+                mma_bf16_m16n8k16(acc[j], a, b);
+            }
+    });
+}
+
+/* Block (row tile, token tile) as in expert_gemm_kernel. */
+template <class F, class Y>
+__global__ void __launch_bounds__(EC_THREADS, 2) expert_codes_kernel(const expert_gemm_args a) {
+    DYN_SMEM(uint8_t, smem);
+    const int *tile = a.tiles + 3 * blockIdx.y;
+    const int64_t e = tile[0], r0 = tile[1];
+    const int count = tile[2], groups = (count + 7) >> 3, row_tiles = (a.w[0].rows + EC_ROWS - 1) / EC_ROWS;
+    const int which = blockIdx.x / row_tiles, m0 = (blockIdx.x - which * row_tiles) * EC_ROWS;
+    const dmat &m = a.w[which];
+    const uint16_t *x = a.x + r0 * a.ldx;
+    const int steps = m.cols / F::BLOCK;
+    const size_t stage = expert_codes_stage_bytes<F>();
+    float acc[8][4] = {};
+    for (int k = 0; k < EC_STAGES - 1 && k < steps; k++) ec_stage<F>(smem + k * stage, m, e, m0, x, a.ldx, count, k);
+    for (int k = 0; k < steps; k++) {
+        /* step k's group has landed once at most the EC_STAGES - 2 after it are in flight */
+        if (k + EC_STAGES - 1 < steps) {
+            ec_stage<F>(smem + (k + EC_STAGES - 1) % EC_STAGES * stage, m, e, m0, x, a.ldx, count, k + EC_STAGES - 1);
+            cp_async_wait<EC_STAGES - 1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads(); /* every thread's copies of step k are visible */
+        ec_multiply<F>(acc, smem + k % EC_STAGES * stage, groups);
+        __syncthreads(); /* step k's buffer is free for step k + EC_STAGES */
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    Y *y = (Y *)a.y + r0 * a.ldy + which * a.w[0].rows;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const int row = m0 + 16 * warp + g + 8 * (v >> 1), n = 8 * j + 2 * t + (v & 1);
+            if (row < m.rows && n < count) eg_store(y + (int64_t)n * a.ldy + row, acc[j][v]);
+        }
+}
+
+template <class F, class Y>
+void launch_expert_codes_as(const expert_gemm_args *a, int n_tiles, cudaStream_t st) {
+    void (*kernel)(const expert_gemm_args) = expert_codes_kernel<F, Y>;
+    const int smem = (int)(EC_STAGES * expert_codes_stage_bytes<F>());
+    (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); /* else the launch fails */
+    const dim3 grid((unsigned)(a->pair * ((a->w[0].rows + EC_ROWS - 1) / EC_ROWS)), (unsigned)n_tiles);
+    LAUNCH(kernel, grid, EC_THREADS, smem, st, *a);
+}
+
+/* MOE_CUDA_EXPERT_CODES=0: the generic kernel for every format (an A/B
+ * switch; read once). */
+inline bool expert_codes_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("MOE_CUDA_EXPERT_CODES");
+        on = !(v && v[0] == '0');
+    }
+    return on;
+}
+
+/* The format table's expert products: from the codes where the format
+ * has them and its blocks are a step, else expert_gemm.cuh's kernel.
+ * false when the format's blocks and the matrices' columns leave no step. */
+template <class F>
+bool launch_expert_products(const expert_gemm_args *a, int n_tiles, cudaStream_t st) {
+    if constexpr (expert_codes<F>::value && F::BLOCK == 256) {
+        if (expert_codes_enabled()) {
+            if (a->w[0].cols % F::BLOCK) return false;
+            if (n_tiles == 0) return true;
+            if (a->y_bf16) launch_expert_codes_as<F, uint16_t>(a, n_tiles, st);
+            else launch_expert_codes_as<F, float>(a, n_tiles, st);
+            return true;
+        }
+    }
+    return launch_expert_gemm<F>(a, n_tiles, st);
+}
+
+#endif
