@@ -215,6 +215,9 @@ struct cuda_format {
     /* Prefill: the experts' products of n_tiles token tiles; false, with
      * nothing launched, where the columns leave the kernel no step. */
     bool (*expert_gemm)(const expert_gemm_args *a, int n_tiles, cudaStream_t);
+    /* Whether those products come from the codes (expert_codes.cuh), which
+     * pay at any number of tokens an expert. */
+    bool (*expert_codes)(void);
     /* Decode: the MoE half of a layer in one launch, for formats whose
      * units can be read from shared memory (moe_ffn.cuh); else NULLs. */
     moe_ffn_fn moe_ffn;

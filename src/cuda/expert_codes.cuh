@@ -154,9 +154,17 @@ inline bool expert_codes_enabled(void) {
     return on;
 }
 
-/* The format table's expert products: from the codes where the format
- * has them and its blocks are a step, else expert_gemm.cuh's kernel.
- * false when the format's blocks and the matrices' columns leave no step. */
+/* Whether format F's expert products come from its codes: it has them,
+ * its blocks are a step, and the switch above is not off. */
+template <class F>
+bool expert_products_from_codes(void) {
+    if constexpr (expert_codes<F>::value && F::BLOCK == 256) return expert_codes_enabled();
+    return false;
+}
+
+/* The format table's expert products: from the codes where
+ * expert_products_from_codes, else expert_gemm.cuh's kernel. false when
+ * the format's blocks and the matrices' columns leave no step. */
 template <class F>
 bool launch_expert_products(const expert_gemm_args *a, int n_tiles, cudaStream_t st) {
     if constexpr (expert_codes<F>::value && F::BLOCK == 256) {

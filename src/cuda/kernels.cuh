@@ -1262,6 +1262,6 @@ static cudaError_t format_allow_smem(int bytes) {
         F::TYPE,          #ident,         F::BLOCK,        F::BODY,         F::META,                 F::UNITS,  \
         F::ACT,           F::N,           F::repack,       launch_gemv<F>,  launch_up<F>,            launch_down<F>, \
         launch_embed<F>,  format_occupancy<F>, format_allow_smem<F>, launch_dequant<F>, \
-        launch_expert_products<F>, moe_ffn_of<F>()};
+        launch_expert_products<F>, expert_products_from_codes<F>, moe_ffn_of<F>()};
 
 #endif

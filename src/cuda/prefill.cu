@@ -997,21 +997,24 @@ static moe_status expert_batch(cuda_state *s, const cuda_layer *w, int b0, int n
 
 /* Whether the fused products take this layer's experts (R rows over
  * n_used experts): gate and up of one format, every matrix's columns in
- * whole steps of the kernel, and by default at most FUSED_ROWS_AN_EXPERT
- * tokens an expert on average. The fused kernel dequantizes an expert's
- * weights again for each EG_TOKENS of its tokens and wastes the part of a
- * tile it leaves empty, the other paths dequantize once a chunk and use
- * cuBLAS's tuned GEMMs. On Qwen3-30B-A3B Q4_K (bench/results/2026-12-03-s19,
- * runs 3 and 4): pp512 (32 an expert) 6141 tok/s fused against 5622
- * grouped; pp1024 (64) 6011 against 7100 and pp2048 5118 against 6263,
- * those two with a variant 8% slower than this kernel at pp512. */
+ * whole steps of the kernel, and by default, unless every matrix's
+ * products come from its codes, at most FUSED_ROWS_AN_EXPERT tokens an
+ * expert on average. The generic fused kernel dequantizes an expert's
+ * weights again for each EG_TOKENS of its tokens, the other paths
+ * dequantize once a chunk and use cuBLAS's tuned GEMMs. On Qwen3-30B-A3B
+ * Q4_K (bench/results/2026-12-03-s19, runs 3 and 4): pp512 (32 an expert)
+ * 6141 tok/s fused against 5622 grouped; pp1024 (64) 6011 against 7100
+ * and pp2048 5118 against 6263. From the codes (bench/results/2026-12-05-s24,
+ * H100): pp1024 20331 fused against 11304 grouped, pp2048 20534 against
+ * 15007. */
 #define FUSED_ROWS_AN_EXPERT 32
 static bool fused_fits(const prefill_scratch *p, const cuda_layer *w, int R, int n_used) {
     const cuda_format *fu = cuda_format_of(w->exp_gate.type), *fd = cuda_format_of(w->exp_down.type);
     const bool fits = w->exp_up.type == w->exp_gate.type && expert_gemm_step(w->exp_gate.cols, fu->block) &&
                       expert_gemm_step(w->exp_down.cols, fd->block);
-    return fits &&
-           (p->experts_path == EXPERTS_FUSED || (p->experts_path == EXPERTS_AUTO && R <= FUSED_ROWS_AN_EXPERT * n_used));
+    const bool any_length = fu->expert_codes() && fd->expert_codes();
+    return fits && (p->experts_path == EXPERTS_FUSED ||
+                    (p->experts_path == EXPERTS_AUTO && (any_length || R <= FUSED_ROWS_AN_EXPERT * n_used)));
 }
 
 /* The token tiles of the fused products after the index in p->host:
