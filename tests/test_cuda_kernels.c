@@ -552,8 +552,7 @@ static void test_prefill_attention(void) {
 }
 
 /* The decode step's attention both ways (attention.cu): one token after
- * pos cached ones, split over 1 to 32 blocks per KV head (the merge, in
- * global memory or, per head, in clusters of 2 to 8 blocks), 1 to
+ * pos cached ones, split over 1 to 32 blocks per KV head (the merge), 1 to
  * 16 warps a query head per head, 2 to 8 query heads a warp and 1 to 4
  * head groups a block grouped (the fold of a block's warps), every lane
  * width. */
@@ -565,23 +564,21 @@ static void test_decode_attention(void) {
         {{1, 0, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},  /* Qwen3 (G = 8), the first token */
         {{1, 10, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},   /* 1 split per head, 3 grouped */
         {{1, 2040, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32}, /* 32 splits to merge */
-        {{1, 100, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},  /* 7 merged in a cluster of 8 */
-        {{1, 50, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},    /* 4 in a cluster of 4 */
-        {{1, 600, 4, 4, 64, 64, true, false, false, QK_NORM_FULL, 1.0f}, 8},          /* MHA: 3 in a cluster of 8 */
+        {{1, 100, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32},  /* 7 splits of 32 active */
+        {{1, 50, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},    /* 4 short splits */
+        {{1, 600, 4, 4, 64, 64, true, false, false, QK_NORM_FULL, 1.0f}, 8},          /* MHA, 3 splits active */
         {{1, 700, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 5},   /* 9 batches a warp, grouped 3 */
         {{1, 1500, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 2},  /* 47 batches a warp, grouped 12 */
         {{1, 130, 4, 4, 64, 64, true, false, false, QK_NORM_FULL, 1.0f}, 3},        /* OLMoE: MHA, per head only */
         {{1, 77, 14, 2, 64, 64, true, false, false, QK_NORM_NONE, 1.0f}, 7},        /* Qwen2: G = 7, per head only */
         {{1, 300, 8, 2, 128, 128, false, false, true, QK_NORM_NONE, 0.25f}, 16},    /* Llama 3 */
-        {{1, 40, 8, 2, 128, 128, false, false, true, QK_NORM_NONE, 0.25f}, 2},      /* 2 in a cluster of 2 */
+        {{1, 40, 8, 2, 128, 128, false, false, true, QK_NORM_NONE, 0.25f}, 2},      /* 2 splits */
         {{1, 200, 16, 1, 256, 64, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 9},  /* G = 16, hd 256: grouped 4 x 4 */
         {{1, 90, 2, 2, 32, 32, false, false, false, QK_NORM_NONE, 1.0f}, 2},        /* hd 32 */
         {{1, 45, 4, 2, 24, 24, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},     /* hd 24: part of a warp */
         {{1, 60, 4, 2, 6, 6, false, false, false, QK_NORM_NONE, 1.0f}, 3},         /* hd 6: six lanes a head */
     };
-    /* per head (splits merged in clusters where they fit), then grouped
-     * wherever the heads have groups (a power of two above 1) */
-    setenv("MOE_CUDA_ATTN_CLUSTER", "8", 1);
+    /* per head, then grouped wherever the heads have groups (a power of two above 1) */
     setenv("MOE_CUDA_ATTN_GROUPED_FROM", "2147483647", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_attention(&cases[i].k, cases[i].n_splits, 1e-5);
@@ -589,7 +586,6 @@ static void test_decode_attention(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         check_attention(&cases[i].k, cases[i].n_splits, 1e-5);
     unsetenv("MOE_CUDA_ATTN_GROUPED_FROM");
-    unsetenv("MOE_CUDA_ATTN_CLUSTER");
 }
 
 /* ---------------------------------------------------------------- top logits */

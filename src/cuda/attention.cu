@@ -48,9 +48,6 @@
  * unnormalised output and its m and l (two arrays, so the outputs stay
  * 16-byte aligned); the last active block of the KV head (an atomic
  * ticket) merges them: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
- * Per head, where the active splits are few enough to be one thread block
- * cluster's (sm_90, up to 8: a short context), they can meet in its first
- * block's shared memory instead (merge_in_cluster, MOE_CUDA_ATTN_CLUSTER).
  *
  * RoPE angles come from a table made on the host at state creation with
  * the CPU's formula (double pow, cos and sin, then float), so both
@@ -525,59 +522,10 @@ __device__ __forceinline__ void merge_head_splits(const attn_args &a, float *slo
     store_dims<DPL>(a.out + (g * G + h) * hd + d0, out, mine);
 }
 
-/* Per head: shared memory, in floats: the fold's (W - 1) x G slots and
- * their (m, l); in clusters of C blocks, C x G parts of hd floats (16-byte
- * aligned) and their (m, l) (merge_in_cluster); the merge's flag. */
-struct per_head_smem {
-    int parts, flag, floats;
-};
-__host__ __device__ inline per_head_smem per_head_smem_of(int G, int hd, int cluster) {
-    const int fold = (attn_warps_per_head(G) - 1) * G * (hd + 2), parts = (fold + 3) / 4 * 4;
-    const int flag = parts + (cluster > 1 ? cluster * G * (hd + 2) : 0);
-    return {parts, flag, flag + 1};
-}
-
-/* Whether the n active splits are merged in the first cluster (its blocks
- * are the first splits), recomputed where needed: held across the
- * attention it spilled. */
-__device__ __forceinline__ bool merged_in_cluster(const attn_args &a, int n_active) {
-    return n_active > 1 && n_active <= a.cluster;
-}
-
-/* The splits' merge when the n active ones are blocks of the first cluster
- * (all but the longest contexts): warp 0 of each head writes its block's
- * output and (m, l) into block 0's shared memory, which weighs them after
- * the cluster's barrier and writes the output. No global memory and no
- * ticket: the two L2 round trips (the parts and the ticket, then the parts
- * again) and the fence between were most of a short context's merge. */
-template <int DPL>
-__device__ __forceinline__ void merge_in_cluster(const attn_args &a, float *parts, int h, int w, int n,
-                                                 const softmax_state<DPL, 1> &st) {
-    const int G = a.n_heads / a.n_kv, hd = a.hd, lane = threadIdx.x & 31, d0 = lane * DPL, rank = blockIdx.y;
-    float2 *ml = (float2 *)(parts + a.cluster * G * hd);
-    if (w == 0 && rank < n) {
-        store_dims<DPL>(cluster_smem(parts, 0) + (rank * G + h) * hd + d0, st.acc[0], d0 < hd);
-        if (lane == 0) *cluster_smem(ml + rank * G + h, 0) = make_float2(st.m, st.l);
-    }
-    cluster_sync();
-    if (rank != 0) return;
-    for (int t = threadIdx.x; t < G * hd; t += blockDim.x) {
-        const int head = t / hd, d = t % hd;
-        float M = -INFINITY, o = 0.0f, L = 0.0f;
-        for (int r = 0; r < n; r++) M = fmaxf(M, ml[r * G + head].x);
-        for (int r = 0; r < n; r++) {
-            const float f = expf(ml[r * G + head].x - M);
-            o += f * parts[(r * G + head) * hd + d];
-            L += f * ml[r * G + head].y;
-        }
-        a.out[(blockIdx.x * G + head) * hd + d] = o / L;
-    }
-}
-
 /* The per-head way (see the top of this file): warp (h, w) takes query
  * head h = warp % G and every W-th batch of the block's range from w. */
 template <int DPL>
-__device__ __forceinline__ void attention_per_head(const attn_args &a, float *smem, int pos) {
+__device__ __forceinline__ void attention_per_head(const attn_args &a, float *smem, int *flag, int pos) {
     constexpr int B = attn_shape<DPL, 1>::BATCH;
     const int G = a.n_heads / a.n_kv, W = attn_warps_per_head(G), hd = a.hd, g = blockIdx.x, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, h = warp % G, w = warp / G, lane = threadIdx.x & 31, d0 = lane * DPL;
@@ -594,10 +542,7 @@ __device__ __forceinline__ void attention_per_head(const attn_args &a, float *sm
     pdl_wait(); /* q, k, v of this position */
     pdl_launch_dependents();
     trace_mark(a.trace, TRACE_WAITED);
-    if (start >= end) { /* past the position: not counted by the merge, but at its cluster's barrier */
-        if (merged_in_cluster(a, n_active) && split < a.cluster) cluster_sync();
-        return;
-    }
+    if (start >= end) return; /* past the position: not counted by the merge */
 
     query_in_regs<DPL> query;
     float k[DPL], v[DPL];
@@ -611,11 +556,6 @@ __device__ __forceinline__ void attention_per_head(const attn_args &a, float *sm
     if (W > 1) fold_head_warps<DPL>(smem, W, G, h, w, hd, st.m, st.l, st.acc[0]);
     trace_mark(a.trace, TRACE_WORKED);
 
-    if (merged_in_cluster(a, n_active)) {
-        merge_in_cluster<DPL>(a, smem + per_head_smem_of(G, hd, a.cluster).parts, h, w, n_active, st);
-        trace_mark(a.trace, TRACE_EXIT);
-        return;
-    }
     if (w == 0) {
         if (n_active == 1) { /* the whole range was this block's */
 #pragma unroll
@@ -627,7 +567,7 @@ __device__ __forceinline__ void attention_per_head(const attn_args &a, float *sm
             if (lane == 0) ((float2 *)a.part_ml)[slot] = make_float2(st.m, st.l);
         }
     }
-    if (n_active == 1 || !last_block(a.counters + g, n_active, (int *)(smem + per_head_smem_of(G, hd, a.cluster).flag))) return;
+    if (n_active == 1 || !last_block(a.counters + g, n_active, flag)) return;
     merge_head_splits<DPL>(a, smem, W, g, h, w, n_active);
     trace_mark(a.trace, TRACE_EXIT);
 }
@@ -756,12 +696,13 @@ __device__ __forceinline__ void attention_grouped(const attn_args &a, float *sme
  * at 16 warps). */
 template <int DPL>
 __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args a) {
-    DYN_SMEM(float, smem); /* the flag too: the simulator runs a cluster's blocks at once */
+    DYN_SMEM(float, smem);
+    __shared__ int flag;
     trace_mark(a.trace, TRACE_ENTRY);
     /* The position and the cached keys and values were written by earlier
      * steps, complete before the launch before this one passed its own
      * wait: the range's rows are pulled into L2 while that launch runs. */
-    attention_per_head<DPL>(a, smem, __ldcg(a.step + 1));
+    attention_per_head<DPL>(a, smem, &flag, __ldcg(a.step + 1));
 }
 
 template <int DPL, int HP>
@@ -810,9 +751,11 @@ static attention_fn attention_kernel_for(int G, int hd, bool grouped) {
 /* A block's threads: 16 warps grouped, G x W per head. */
 static int attn_threads(int G, bool grouped) { return grouped ? ATTN_THREADS : 32 * G * attn_warps_per_head(G); }
 
-/* Shared memory: per_head_smem_of, or grouped_smem_floats. */
-static size_t attn_smem(int G, int hd, bool grouped, int cluster) {
-    const int floats = grouped ? grouped_smem_floats(G, hd, grouped_hp(G, hd)) : per_head_smem_of(G, hd, cluster).floats;
+/* Shared memory per head: the fold's (W - 1) x G slots of hd floats and
+ * their (m, l); grouped: see above. */
+static size_t attn_smem(int G, int hd, bool grouped) {
+    const int floats =
+        grouped ? grouped_smem_floats(G, hd, grouped_hp(G, hd)) : (attn_warps_per_head(G) - 1) * G * (hd + 2);
     return (size_t)floats * sizeof(float);
 }
 
@@ -832,7 +775,7 @@ int cuda_attention_grouped_from(int G, int hd, int n_splits) {
 cudaError_t cuda_attention_setup(int G, int hd) {
     if (grouped_hp(G, hd) == 1) return cudaSuccess;
     return cudaFuncSetAttribute(attention_kernel_for(G, hd, true), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)attn_smem(G, hd, true, 1));
+                                (int)attn_smem(G, hd, true));
 }
 
 /* Blocks per KV head: as many as fit on the GPU at once (a long context
@@ -844,52 +787,17 @@ int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
     cudaError_t e = cuda_attention_setup(G, hd);
     if (e == cudaSuccess)
         e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(G, hd, false),
-                                                          attn_threads(G, false), attn_smem(G, hd, false, 1));
+                                                          attn_threads(G, false), attn_smem(G, hd, false));
     if (e != cudaSuccess || per_sm < 1) per_sm = 1;
     int splits = per_sm * n_sm / n_kv;
     return splits < 1 ? 1 : splits > ATTN_MAX_SPLITS ? ATTN_MAX_SPLITS : splits;
 }
 
-/* Blocks a cluster of the per-head kernel (1: none): the most of 8, 4, 2
- * that divides the splits, keeps its shared memory within the default 48
- * KB and the blocks a multiprocessor, and lets every cluster of the launch
- * be resident at once (a cluster waiting for a second wave would cost more
- * than the merge saves). Thread block clusters need sm_90;
- * MOE_CUDA_ATTN_CLUSTER=N takes at most N. Off (1) unless asked for: it
- * has run only in the simulator, not yet on a GPU (decode-plan fact 68). */
-int cuda_attention_cluster(int n_heads, int n_kv, int hd, int n_splits) {
-    const char *v = getenv("MOE_CUDA_ATTN_CLUSTER");
-    const int most = v && *v ? atoi(v) : 1;
-    cudaDeviceProp prop;
-    int dev = 0;
-    if (most < 2 || cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess ||
-        prop.major < 9)
-        return 1;
-    const int G = n_heads / n_kv, threads = attn_threads(G, false);
-    const attention_fn kernel = attention_kernel_for(G, hd, false);
-    int base = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&base, kernel, threads, attn_smem(G, hd, false, 1)) != cudaSuccess)
-        return 1;
-    for (int c = 8; c > 1; c /= 2) {
-        const size_t smem = attn_smem(G, hd, false, c);
-        if (c > most) continue;
-        int per_sm = 0;
-        if (n_splits % c || smem > 48 * 1024) continue;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) != cudaSuccess ||
-            per_sm < base)
-            continue;
-        if (clusters_resident(kernel, dim3(n_kv, n_splits), threads, smem, c)) return c;
-    }
-    (void)cudaGetLastError();
-    return 1;
-}
-
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl) {
     const int G = a->n_heads / a->n_kv;
     const bool grouped = a->grouped && grouped_hp(G, a->hd) > 1;
-    const int cluster = grouped ? 1 : a->cluster;
-    LAUNCH_PDL_CLUSTER(pdl, cluster, attention_kernel_for(G, a->hd, grouped), dim3(a->n_kv, a->n_splits),
-                       attn_threads(G, grouped), attn_smem(G, a->hd, grouped, cluster), st, *a);
+    LAUNCH_PDL(pdl, attention_kernel_for(G, a->hd, grouped), dim3(a->n_kv, a->n_splits), attn_threads(G, grouped),
+               attn_smem(G, a->hd, grouped), st, *a);
 }
 
 /* cos | sin of every position's RoPE angles, as cpu_rope computes them. */

@@ -30,7 +30,6 @@
 #ifdef MOE_CUDA_SIM
 #include "cuda/cuda_sim.h"
 #else
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #endif
@@ -71,55 +70,25 @@ template <class K, class... A> void sim_launch_kernel_together(dim3 grid, dim3 b
 }
 #define LAUNCH_PDL_RESIDENT(pdl_, kernel_, grid_, block_, smem_, stream_, ...) \
     sim_launch_kernel_together(dim3(grid_), dim3(block_), (size_t)(smem_), kernel_, __VA_ARGS__)
-/* Every cluster of such a launch fits at once (clusters_resident). */
-template <class K> bool clusters_resident(K *, dim3, int, size_t, int) { return true; }
-template <class K, class... A>
-void sim_launch_kernel_clustered(int cluster, dim3 grid, dim3 block, size_t smem, K kernel, A... args) {
-    sim_launch(grid, block, smem, [=]() { kernel(args...); }, false, cluster);
-}
-#define LAUNCH_PDL_CLUSTER(pdl_, cluster_, kernel_, grid_, block_, smem_, stream_, ...) \
-    sim_launch_kernel_clustered((cluster_), dim3(grid_), dim3(block_), (size_t)(smem_), kernel_, __VA_ARGS__)
 #define DYN_SMEM(type, name) type *name = (type *)sim_dyn_smem()
 #else
 #define LAUNCH(kernel_, grid_, block_, smem_, stream_, ...) kernel_<<<(grid_), (block_), (smem_), (stream_)>>>(__VA_ARGS__)
 /* A launch that may overlap its predecessor (programmatic dependent launch):
- * the kernel must call pdl_wait() before it reads what earlier kernels wrote.
- * LAUNCH_PDL_CLUSTER also groups the blocks in clusters of cluster_ along y
- * (sm_90; 1: none), whose blocks meet at cluster_sync. */
-#define LAUNCH_PDL_CLUSTER(pdl_, cluster_, kernel_, grid_, block_, smem_, stream_, ...)   \
+ * the kernel must call pdl_wait() before it reads what earlier kernels wrote. */
+#define LAUNCH_PDL(pdl_, kernel_, grid_, block_, smem_, stream_, ...)                       \
     do {                                                                                     \
         cudaLaunchConfig_t cfg_ = {};                                                        \
-        cudaLaunchAttribute attr_[2];                                                        \
+        cudaLaunchAttribute attr_[1];                                                        \
         cfg_.gridDim = dim3(grid_);                                                          \
         cfg_.blockDim = dim3(block_);                                                        \
         cfg_.dynamicSmemBytes = (smem_);                                                     \
         cfg_.stream = (stream_);                                                             \
         attr_[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;                    \
         attr_[0].val.programmaticStreamSerializationAllowed = (pdl_) ? 1 : 0;                \
-        attr_[1].id = cudaLaunchAttributeClusterDimension;                                   \
-        attr_[1].val.clusterDim.x = 1;                                                       \
-        attr_[1].val.clusterDim.y = (cluster_);                                              \
-        attr_[1].val.clusterDim.z = 1;                                                       \
         cfg_.attrs = attr_;                                                                  \
-        cfg_.numAttrs = (cluster_) > 1 ? 2 : 1;                                              \
+        cfg_.numAttrs = 1;                                                                   \
         cudaLaunchKernelEx(&cfg_, kernel_, __VA_ARGS__);                                     \
     } while (0)
-#define LAUNCH_PDL(pdl_, kernel_, grid_, block_, smem_, stream_, ...) \
-    LAUNCH_PDL_CLUSTER(pdl_, 1, kernel_, grid_, block_, smem_, stream_, __VA_ARGS__)
-/* Whether every cluster of `cluster` blocks along y of such a launch can
- * be resident at once. */
-template <class K> bool clusters_resident(K *kernel, dim3 grid, int threads, size_t smem, int cluster) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1, attr.val.clusterDim.y = cluster, attr.val.clusterDim.z = 1;
-    cfg.gridDim = grid, cfg.blockDim = dim3(threads), cfg.dynamicSmemBytes = smem;
-    cfg.attrs = &attr, cfg.numAttrs = 1;
-    int clusters = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
-    (void)cudaGetLastError();
-    return e == cudaSuccess && clusters * cluster >= (int)(grid.x * grid.y * grid.z);
-}
 /* A launch whose blocks meet at grid barriers (grid_sync): the caller has
  * checked that every block can be resident at once. */
 #define LAUNCH_PDL_RESIDENT LAUNCH_PDL
@@ -148,8 +117,6 @@ static inline unsigned add_acq_rel_gpu(unsigned *p, unsigned v) { return __atomi
 static inline void pin_reg(unsigned &v) { (void)v; }
 static inline void pdl_wait(void) {}
 static inline void pdl_launch_dependents(void) {}
-static inline void cluster_sync(void) { sim_cluster_sync(); }
-template <class T> static inline T *cluster_smem(T *p, unsigned rank) { return (T *)sim_cluster_smem(p, rank); }
 static inline void cp_async16(void *smem, const void *gmem, bool valid) { sim_cp_async(smem, gmem, valid); }
 static inline void cp_async_commit(void) { sim_cp_async_commit(); }
 template <int PENDING> static inline void cp_async_wait(void) { sim_cp_async_wait(PENDING); }
@@ -217,14 +184,6 @@ __device__ __forceinline__ void pin_reg(unsigned &v) { asm volatile("" : "+r"(v)
 /* Programmatic dependent launch: no-ops when the launch did not ask for it. */
 __device__ __forceinline__ void pdl_wait(void) { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents(void) { asm volatile("griddepcontrol.launch_dependents;"); }
-/* Thread block clusters (LAUNCH_PDL_CLUSTER): every thread of the cluster
- * meets at cluster_sync, which orders the writes before it, to any block's
- * shared memory, before the reads after it; cluster_smem is the address p
- * (in this block's shared memory) has in block `rank`'s. */
-__device__ __forceinline__ void cluster_sync(void) { cooperative_groups::this_cluster().sync(); }
-template <class T> __device__ __forceinline__ T *cluster_smem(T *p, unsigned rank) {
-    return cooperative_groups::this_cluster().map_shared_rank(p, rank);
-}
 /* 16 bytes from global to shared memory without a register (cp.async.cg),
  * zeros when !valid (gmem must still be a valid address); done for every
  * thread's copies at cp_async_wait_all. */

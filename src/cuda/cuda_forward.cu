@@ -171,7 +171,6 @@ static void attention_block(cuda_state *s, int l, bool with_o) {
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
     a.n_splits = s->attn_splits;
-    a.cluster = s->attn_cluster;
     a.grouped = s->attn_grouped;
     a.trace = trace_of(s, l, CUDA_STAGE_ATTENTION);
     if (live(s, CUDA_STAGE_ATTENTION)) cuda_attention(&a, s->stream, s->opt.pdl);
@@ -802,7 +801,6 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
     }
     s->attn_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim);
     s->attn_grouped_from = cuda_attention_grouped_from(c->n_heads / c->n_kv_heads, c->head_dim, s->attn_splits);
-    s->attn_cluster = cuda_attention_cluster(c->n_heads, c->n_kv_heads, c->head_dim, s->attn_splits);
     s->max_grid = g->n_sm * 32;
 
     size_t need = 0, free_b = 0, total_b = 0;

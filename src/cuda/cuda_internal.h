@@ -173,7 +173,6 @@ struct attn_args {
     float *part_ml;                /* (n_kv, n_splits, G, 2): m, l */
     unsigned *counters;            /* (n_kv) */
     int n_heads, n_kv, hd, n_splits;
-    int cluster;                   /* blocks a cluster, per head (cuda_attention_cluster) */
     bool grouped;                  /* heads scored in groups (long contexts: cuda_attention_grouped_from) */
     uint64_t *trace;
 };
@@ -362,7 +361,6 @@ struct cuda_state {
     size_t moe_ffn_smem;
     int q_dim, kv_dim, n_ff_routed, h_len;
     int attn_splits;
-    int attn_cluster;      /* blocks a cluster of the per-head attention */
     int attn_grouped_from; /* positions (pos + 1) from which the attention scores heads in groups */
     bool attn_grouped;     /* the step being enqueued does */
     int max_grid;
@@ -409,7 +407,6 @@ bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits);
 cudaError_t cuda_attention_setup(int G, int hd);
 int cuda_attention_grouped_from(int G, int hd, int n_splits);
 int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd);
-int cuda_attention_cluster(int n_heads, int n_kv, int hd, int n_splits);
 void cuda_rope_table(const model_config *c, const float *rope_freqs, int n_ctx, float *out);
 
 #endif

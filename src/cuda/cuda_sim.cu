@@ -55,7 +55,6 @@ static sim_fiber *cur;
 static jmp_buf sched_jb;
 static std::function<void()> *cur_body;
 static std::vector<sim_barrier> block_bars, warp_bars; /* [block], [block * 32 + warp] */
-static sim_barrier cluster_bar;                        /* every thread running (a cluster) */
 static std::vector<uint64_t> warp_slots;               /* [fiber] */
 static std::vector<unsigned char *> dyn_smem;          /* [block] */
 
@@ -119,11 +118,6 @@ static void barrier_wait(sim_barrier *b) {
 }
 
 void sim_syncthreads(void) { barrier_wait(&block_bars[cur->block]); }
-void sim_cluster_sync(void) { barrier_wait(&cluster_bar); }
-/* The blocks of a cluster run together in rank order: block `rank`'s buffer. */
-void *sim_cluster_smem(void *p, unsigned rank) {
-    return dyn_smem[rank] + ((unsigned char *)p - dyn_smem[cur->block]);
-}
 void sim_syncwarp(void) { barrier_wait(warp_bar_of(cur)); }
 
 uint64_t sim_warp_exchange(uint64_t mine, int src_lane) {
@@ -152,8 +146,6 @@ static void fiber_main(void) {
         barrier_release_if_complete(b);
         w->live--;
         barrier_release_if_complete(w);
-        cluster_bar.live--;
-        barrier_release_if_complete(&cluster_bar);
         yield_to_scheduler();
     }
 }
@@ -218,7 +210,6 @@ static void run_blocks(const std::vector<dim3> &bids, int n, std::function<void(
     block_threads = n;
     block_bars.assign(nb, sim_barrier{0, n, 0});
     warp_bars.assign((size_t)nb * 32, sim_barrier{0, 0, 0});
-    cluster_bar = sim_barrier{0, total, 0};
     warp_slots.assign(total, 0);
     while ((int)dyn_smem.size() < nb) dyn_smem.push_back((unsigned char *)aligned_alloc(16, SIM_SMEM));
     for (int b = 0; b < nb; b++)
@@ -239,41 +230,37 @@ static void run_blocks(const std::vector<dim3> &bids, int n, std::function<void(
     }
 }
 
-static void run_kernel(dim3 grid, dim3 block, std::function<void()> &body, bool together, int cluster) {
+static void run_kernel(dim3 grid, dim3 block, std::function<void()> &body, bool together) {
     int n = (int)(block.x * block.y * block.z);
     if (n > SIM_MAX_THREADS) {
         fprintf(stderr, "cuda_sim: block of %d threads\n", n);
-        abort();
-    }
-    if (cluster < 1 || grid.y % cluster) {
-        fprintf(stderr, "cuda_sim: clusters of %d blocks in a grid of %u\n", cluster, grid.y);
         abort();
     }
     sim_gridDim = grid;
     sim_blockDim = block;
     std::vector<dim3> bids;
     for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y0 = 0; y0 < grid.y; y0 += cluster)
-            for (unsigned x = 0; x < grid.x; x++)
-                for (unsigned y = y0; y < y0 + cluster; y++) { /* a cluster's blocks in rank order */
-                    bids.push_back(dim3(x, y, z));
-                    if (!together && y == y0 + cluster - 1) {
-                        run_blocks(bids, n, body);
-                        bids.clear();
-                    }
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                bids.push_back(dim3(x, y, z));
+                if (!together) {
+                    run_blocks(bids, n, body);
+                    bids.clear();
                 }
+            }
     if (together) run_blocks(bids, n, body);
 }
-void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body, bool together, int cluster) {
+
+void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body, bool together) {
     if (smem > SIM_SMEM) {
         fprintf(stderr, "cuda_sim: %zu bytes of dynamic shared memory\n", smem);
         abort();
     }
     if (capturing) {
-        capture->ops.push_back([=]() mutable { run_kernel(grid, block, body, together, cluster); });
+        capture->ops.push_back([=]() mutable { run_kernel(grid, block, body, together); });
         return;
     }
-    run_kernel(grid, block, body, together, cluster);
+    run_kernel(grid, block, body, together);
 }
 
 static void enqueue(std::function<void()> op) {

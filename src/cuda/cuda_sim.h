@@ -142,14 +142,10 @@ const dim3 &sim_block_idx(void);
 
 /* together: every block at once (a launch whose blocks meet at grid
  * barriers), each with its own dynamic shared memory; such kernels keep
- * no `__shared__` variables (those are static here). cluster > 1: the
- * blocks of each cluster of `cluster` along y at once, a cluster after
- * another (same rule). Otherwise blocks run one after another. */
-void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body, bool together = false,
-                int cluster = 1);
+ * no `__shared__` variables (those are static here). Otherwise blocks
+ * run one after another. */
+void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body, bool together = false);
 void *sim_dyn_smem(void);
-void sim_cluster_sync(void);
-void *sim_cluster_smem(void *p, unsigned rank);
 void sim_yield(void);
 void sim_cp_async(void *smem, const void *gmem, bool valid);
 void sim_cp_async_commit(void);

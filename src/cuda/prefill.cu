@@ -1447,7 +1447,6 @@ moe_status cuda_test_decode_attention(const cuda_test_attention *c, int n_splits
         a.eps = c->eps;
         a.n_rot = c->n_rot, a.neox = c->neox;
         a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.hd = c->head_dim, a.n_splits = n_splits;
-        a.cluster = cuda_attention_cluster(c->n_heads, c->n_kv_heads, c->head_dim, n_splits);
         a.grouped = c->pos + 1 >= cuda_attention_grouped_from(c->n_heads / c->n_kv_heads, c->head_dim, n_splits);
         cuda_attention(&a, 0, false);
         e = cudaGetLastError();
