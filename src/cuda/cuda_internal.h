@@ -187,6 +187,7 @@ struct expert_gemm_args {
     dmat w[2];         /* the experts' matrix, or a pair stacked along y's columns (gate, up) */
     int pair;          /* 1 or 2 */
     const int *tiles;  /* per token tile: expert, first row of x and y, rows (at most EG_TOKENS) */
+    const int *n_tiles; /* NULL, or on the device: how many of the grid's tiles there are (the rest exit) */
     const uint16_t *x; /* bf16 rows, ldx apart */
     int64_t ldx;
     void *y; /* rows ldy apart: f32, or bf16 if y_bf16 */

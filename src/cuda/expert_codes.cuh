@@ -100,6 +100,7 @@ __device__ __forceinline__ void ec_multiply(float acc[8][4], const uint8_t *raw,
 /* Block (row tile, token tile) as in expert_gemm_kernel. */
 template <class F, class Y>
 __global__ void __launch_bounds__(EC_THREADS, 2) expert_codes_kernel(const expert_gemm_args a) {
+    if (a.n_tiles && (int)blockIdx.y >= *a.n_tiles) return;
     DYN_SMEM(uint8_t, smem);
     const int *tile = a.tiles + 3 * blockIdx.y;
     const int64_t e = tile[0], r0 = tile[1];

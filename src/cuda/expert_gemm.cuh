@@ -129,9 +129,11 @@ __device__ __forceinline__ void eg_store(float *y, float v) { *y = v; }
 __device__ __forceinline__ void eg_store(uint16_t *y, float v) { *y = f32_to_bf16_bits(v); }
 
 /* Block (row tile, token tile): tile = (expert, first row of x and y,
- * rows) from a.tiles. Row tile r is matrix r / row_tiles of the pair. */
+ * rows) from a.tiles, none past *a.n_tiles where the device counted
+ * them. Row tile r is matrix r / row_tiles of the pair. */
 template <class F, class Y>
 __global__ void __launch_bounds__(EG_THREADS) expert_gemm_kernel(const expert_gemm_args a, int kt) {
+    if (a.n_tiles && (int)blockIdx.y >= *a.n_tiles) return;
     DYN_SMEM(float, ws);
     uint16_t *xs = (uint16_t *)(ws + EG_ROWS * EG_WS);
     const int *tile = a.tiles + 3 * blockIdx.y;

@@ -2,7 +2,8 @@
  * prefill.cu — a prompt on the GPU in chunks of 512 to 2048 tokens
  * (pass_tokens) that go through each layer together, every matrix product a tensor-core
  * GEMM (bf16 operands, f32 accumulation: cuBLAS for the dense ones, the
- * experts' in expert_gemm.cuh), instead of one decode step per token.
+ * experts' in expert_codes.cuh or expert_gemm.cuh), instead of one decode
+ * step per token.
  * Per chunk of T tokens:
  *
  *   embedding rows (dequantized, f32)                    x (T, n_embd)
@@ -14,15 +15,17 @@
  *     x += Wo att                                         GEMM onto x
  *     RMSNorm; a dense SwiGLU FFN, or:
  *       router logits (f32 GEMM), softmax|sigmoid, top-k  route_kernel
- *       the (token, slot) pairs grouped by expert         on the host
+ *       the (token, slot) pairs grouped by expert         group_kernel
  *       gate|up GEMM, SwiGLU, down GEMM per expert        over its tokens,
- *         each product of all experts one launch          expert_gemm.cuh
+ *         each product of all experts one launch          expert_codes.cuh
  *       x += sum_j w_j out_j                              scatter_kernel
  *       the shared expert (sigmoid-gated), as dense
  *   output head on the positions asked for                the decode's gemv
  *
- * Weights stay quantized in memory. The experts' products read them so
- * and dequantize tile by tile in shared memory (expert_gemm.cuh). Each
+ * Weights stay quantized in memory. The experts' products read them so,
+ * Q4_K's decoding its codes into the tensor cores' operands in registers
+ * (expert_codes.cuh), the others dequantizing tile by tile in shared
+ * memory (expert_gemm.cuh). Each
  * dense matrix is dequantized to bf16 into one reusable scratch just
  * before its cuBLAS GEMM (the format table's dequant, dequant.cuh), as are
  * the experts, a batch at a time, on the other paths MOE_CUDA_EXPERTS
@@ -46,10 +49,14 @@
  * cores (attention_mma_kernel, the twenty-first session) 512 take 61 ms
  * (the attention 5, the experts 46): pp512 8597 tok/s, pp2048 16150
  * (bench/results/2026-12-04-s21).
+ * With the experts from the codes (the twenty-fourth session,
+ * bench/results/2026-12-05-s24, an H100) 512 tokens take 34 ms (the
+ * experts 18) and the fused products pay at every length.
  *
- * Grouping by expert needs the routing on the host (each expert's GEMM
- * has its token count as a dimension): one copy and one stream sync per
- * MoE layer.
+ * Grouping by expert runs on the device (group_kernel) where the fused
+ * products take the experts whatever the routing; the other paths need
+ * it on the host (each expert's cuBLAS GEMM has its token count as a
+ * dimension): one copy and one stream sync per MoE layer.
  *
  * Precision: the residual stream, the KV cache (f32, the layout the decode
  * step reads), norms, RoPE, attention, router logits and routing weights
@@ -137,6 +144,39 @@ static __global__ void shared_gate_kernel(float *out, const float *xn, const flo
     for (int off = 16; off > 0; off >>= 1)
         dot += __shfl_xor_sync(FULL_MASK, dot, off);
     if (threadIdx.x == 0) out[blockIdx.x] = (float)(1.0 / (1.0 + exp(-dot)));
+}
+
+/* group_by_expert and list_tiles on the device, into index as the host
+ * lays it out (used experts and tiles in expert order), the tiles'
+ * count in *n_tiles; one block. A row's place among its expert's rows
+ * comes from an atomic, so it varies from run to run, the products do
+ * not: a token's column of a product is summed alike wherever it sits in
+ * a tile, and the combine reads the rows by slot. */
+static __global__ void __launch_bounds__(1024)
+    group_kernel(int *index, int *n_tiles, const int *ids, int R, int k, int E, int cap_rows) {
+    DYN_SMEM(int, count);
+    int *fill = count + E, *row_token = index, *slot_row = index + cap_rows, *used = slot_row + cap_rows;
+    int *tiles = used + E;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < R; i += blockDim.x) atomicAdd(&count[ids[i]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int n_used = 0, n = 0;
+        for (int e = 0, at = 0; e < E; at += count[e++]) {
+            fill[e] = at;
+            if (count[e]) used[n_used++] = e;
+            for (int r = 0; r < count[e]; r += EG_TOKENS, n++)
+                tiles[3 * n] = e, tiles[3 * n + 1] = at + r, tiles[3 * n + 2] = min(count[e] - r, EG_TOKENS);
+        }
+        *n_tiles = n;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < R; i += blockDim.x) {
+        const int r = atomicAdd(&fill[ids[i]], 1);
+        row_token[r] = i / k;
+        slot_row[i] = r;
+    }
 }
 
 /* dst row r = src row row_token[r]: the inputs of the grouped experts. */
@@ -588,6 +628,7 @@ struct prefill_scratch {
     float *route_w, *shgate;   /* (cap, k), (cap) */
     int *route_ids;            /* (cap, k) */
     int *index;                /* row_token (cap k) | slot_row (cap k) | used experts (n_experts) | token tiles */
+    int *n_tiles;              /* the token tiles, where group_kernel listed them */
     int *host;                 /* pinned: route ids (cap k) | the index as uploaded */
     int *count, *start, *fill; /* per expert, host */
     cuda_prefill_profile *prof; /* cuda_prefill_profile_run's, else NULL */
@@ -665,6 +706,7 @@ static void lay_out(const cuda_state *s, prefill_scratch *p, uint8_t *base, size
     p->shgate = (float *)take(base, used, T * sizeof(float));
     p->route_ids = (int *)take(base, used, R * sizeof(int));
     p->index = (int *)take(base, used, (2 * R + E + 3 * max_tiles(p, (int)E)) * sizeof(int));
+    p->n_tiles = (int *)take(base, used, sizeof(int));
     p->g.ptr = (const void **)take(base, used, 6 * E * sizeof(void *));
 }
 
@@ -1008,13 +1050,22 @@ static moe_status expert_batch(cuda_state *s, const cuda_layer *w, int b0, int n
  * H100): pp1024 20331 fused against 11304 grouped, pp2048 20534 against
  * 15007. */
 #define FUSED_ROWS_AN_EXPERT 32
-static bool fused_fits(const prefill_scratch *p, const cuda_layer *w, int R, int n_used) {
+static bool fused_can(const cuda_layer *w) {
     const cuda_format *fu = cuda_format_of(w->exp_gate.type), *fd = cuda_format_of(w->exp_down.type);
-    const bool fits = w->exp_up.type == w->exp_gate.type && expert_gemm_step(w->exp_gate.cols, fu->block) &&
-                      expert_gemm_step(w->exp_down.cols, fd->block);
-    const bool any_length = fu->expert_codes() && fd->expert_codes();
-    return fits && (p->experts_path == EXPERTS_FUSED ||
-                    (p->experts_path == EXPERTS_AUTO && (any_length || R <= FUSED_ROWS_AN_EXPERT * n_used)));
+    return w->exp_up.type == w->exp_gate.type && expert_gemm_step(w->exp_gate.cols, fu->block) &&
+           expert_gemm_step(w->exp_down.cols, fd->block);
+}
+
+/* Whether the fused products take the layer's experts whatever the
+ * routing: then the device groups the rows (group_kernel) and the host
+ * waits for nothing. */
+static bool fused_whatever(const prefill_scratch *p, const cuda_layer *w) {
+    const bool any_length = cuda_format_of(w->exp_gate.type)->expert_codes() && cuda_format_of(w->exp_down.type)->expert_codes();
+    return fused_can(w) && (p->experts_path == EXPERTS_FUSED || (p->experts_path == EXPERTS_AUTO && any_length));
+}
+
+static bool fused_fits(const prefill_scratch *p, const cuda_layer *w, int R, int n_used) {
+    return fused_whatever(p, w) || (fused_can(w) && p->experts_path == EXPERTS_AUTO && R <= FUSED_ROWS_AN_EXPERT * n_used);
 }
 
 /* The token tiles of the fused products after the index in p->host:
@@ -1035,14 +1086,17 @@ static int list_tiles(prefill_scratch *p, int n_used) {
 
 /* The experts' products over the R grouped rows in two launches of
  * expert_gemm.cuh: gate|up (f32) into gu, then down (bf16) into eo16,
- * SwiGLU between them. */
-static moe_status fused_experts(cuda_state *s, const cuda_layer *w, int R, int n_tiles, moe_error *err) {
+ * SwiGLU between them; n_tiles token tiles, or at most that many where
+ * the device counted them (on_device). */
+static moe_status fused_experts(cuda_state *s, const cuda_layer *w, int R, int n_tiles, bool on_device,
+                                moe_error *err) {
     prefill_scratch *p = s->prefill;
     const int d = s->m->config.n_embd, ff = w->exp_gate.rows;
     expert_gemm_args a;
     memset(&a, 0, sizeof a);
     a.w[0] = w->exp_gate, a.w[1] = w->exp_up, a.pair = 2;
     a.tiles = p->index + 2 * p->cap * p->k + p->g.experts;
+    a.n_tiles = on_device ? p->n_tiles : NULL;
     a.x = p->xs16, a.ldx = d;
     a.y = p->gu, a.ldy = 2 * ff, a.y_bf16 = false;
     (void)cuda_format_of(w->exp_gate.type)->expert_gemm(&a, n_tiles, s->stream); /* fused_fits said it fits */
@@ -1066,16 +1120,25 @@ static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *
     BLAS_CHECK(gemm_f32(p, p->router_w, E, d, p->xn, T, p->logits));
     const route_spec r = {NULL, E, k, c->gating == GATING_SIGMOID, c->norm_topk, c->expert_weights_scale};
     cuda_route(&r, p->logits, T, p->route_w, p->route_ids, s->stream, false);
-    CUDA_CHECK(cudaMemcpyAsync(p->host, p->route_ids, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost, s->stream));
-    CUDA_CHECK(cudaStreamSynchronize(s->stream));
-    const int n_used = group_by_expert(p, T, E), n_tiles = fused_fits(p, w, T * k, n_used) ? list_tiles(p, n_used) : 0;
-    CUDA_CHECK(cudaMemcpyAsync(p->index, p->host + cap_rows, (size_t)(2 * cap_rows + E + 3 * n_tiles) * sizeof(int),
-                               cudaMemcpyHostToDevice, s->stream));
-    moe_status st = n_tiles ? MOE_OK : point_expert_gemms(s, w, n_used, err);
-    if (st != MOE_OK) return st;
+    const bool on_device = fused_whatever(p, w);
+    int n_used = 0, n_tiles;
+    moe_status st = MOE_OK;
+    if (on_device) {
+        const int R = T * k;
+        LAUNCH(group_kernel, 1, 1024, 2 * E * sizeof(int), s->stream, p->index, p->n_tiles, (const int *)p->route_ids, R,
+               k, E, cap_rows);
+        n_tiles = (R + EG_TOKENS - 1) / EG_TOKENS + (E < R ? E : R); /* the most there can be */
+    } else {
+        CUDA_CHECK(cudaMemcpyAsync(p->host, p->route_ids, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost, s->stream));
+        CUDA_CHECK(cudaStreamSynchronize(s->stream));
+        n_used = group_by_expert(p, T, E), n_tiles = fused_fits(p, w, T * k, n_used) ? list_tiles(p, n_used) : 0;
+        CUDA_CHECK(cudaMemcpyAsync(p->index, p->host + cap_rows, (size_t)(2 * cap_rows + E + 3 * n_tiles) * sizeof(int),
+                                   cudaMemcpyHostToDevice, s->stream));
+        if (!n_tiles && (st = point_expert_gemms(s, w, n_used, err)) != MOE_OK) return st;
+    }
     LAUNCH(gather_rows_kernel, T * k, 64, 0, s->stream, p->xs16, (const uint16_t *)p->x16, (const int *)p->index, d);
     PHASE_DONE(s, CUDA_PF_ROUTE);
-    if (n_tiles && (st = fused_experts(s, w, T * k, n_tiles, err)) != MOE_OK) return st;
+    if (n_tiles && (st = fused_experts(s, w, T * k, n_tiles, on_device, err)) != MOE_OK) return st;
     for (int b0 = 0; !n_tiles && b0 < n_used; b0 += p->batch_experts) {
         const int nb = n_used - b0 < p->batch_experts ? n_used - b0 : p->batch_experts;
         if ((st = expert_batch(s, w, b0, nb, err)) != MOE_OK) return st;
