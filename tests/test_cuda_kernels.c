@@ -346,8 +346,9 @@ static void check_expert_gemm(moe_type type, int rows, int cols) {
         }
     }
     CHECKF(bad == 0, "expert gemm %s %dx%d: %d values off", quant_format_of(type)->name, rows, cols, bad);
-    printf("  expert gemm %-7s %d x %d: worst |gpu - cpu| / sum |w x| %.3g\n", quant_format_of(type)->name, rows, cols,
-           worst_eg);
+    const char *codes = getenv("MOE_CUDA_EXPERT_CODES");
+    printf("  expert gemm %-7s %d x %d%s%s: worst |gpu - cpu| / sum |w x| %.3g\n", quant_format_of(type)->name, rows, cols,
+           codes ? ", codes " : "", codes ? codes : "", worst_eg);
     free(w), free(deq), free(x), free(got), free(got16);
 }
 
@@ -358,6 +359,9 @@ static void test_expert_gemm_every_type(void) {
      * 128 rows, the second part empty, and 4 steps, so that its stage
      * buffers are reused */
     check_expert_gemm(MOE_TYPE_Q4_K, 200, 1024);
+    setenv("MOE_CUDA_EXPERT_CODES", "bf16", 1); /* its weights computed in bf16 pairs */
+    check_expert_gemm(MOE_TYPE_Q4_K, 200, 1024);
+    unsetenv("MOE_CUDA_EXPERT_CODES");
 }
 
 typedef struct attn_case {

@@ -55,6 +55,39 @@ __device__ __forceinline__ unsigned bf16_pair(float a, float b) {
 #endif
 }
 
+/* Pairs of bf16 (low half first) a - b and a * b + c, each half rounded
+ * once to nearest even (sub.rn.bf16x2, fma.rn.bf16x2). The simulator
+ * computes in double, where these results of bf16 operands are exact,
+ * and rounds that once (a float between would round twice). */
+#ifdef MOE_CUDA_SIM
+static inline uint16_t bf16_of_double(double r) {
+    const float f = (float)r;
+    unsigned u = __float_as_uint(f);
+    if ((u & 0xffffu) == 0x8000u && (double)f != r) u += fabs(r) > fabs((double)f) ? 1 : -1; /* off the tie f landed on */
+    return f32_to_bf16_bits(__uint_as_float(u));
+}
+static inline double bf16_half(unsigned pair, int h) { return bf16_bits_to_f32(pair >> (16 * h) & 0xffffu); }
+static inline unsigned bf16x2_sub(unsigned a, unsigned b) {
+    return bf16_of_double(bf16_half(a, 0) - bf16_half(b, 0)) | (unsigned)bf16_of_double(bf16_half(a, 1) - bf16_half(b, 1)) << 16;
+}
+static inline unsigned bf16x2_fma(unsigned a, unsigned b, unsigned c) {
+    unsigned r = 0;
+    for (int h = 0; h < 2; h++) r |= (unsigned)bf16_of_double(bf16_half(a, h) * bf16_half(b, h) + bf16_half(c, h)) << (16 * h);
+    return r;
+}
+#else
+__device__ __forceinline__ unsigned bf16x2_sub(unsigned a, unsigned b) {
+    unsigned r;
+    asm("sub.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ unsigned bf16x2_fma(unsigned a, unsigned b, unsigned c) {
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+#endif
+
 /* Rows a block dequantizes: one unit a thread, within DQ_VALUES. */
 template <class F>
 inline int dequant_rows_per_block(const dmat &m) {

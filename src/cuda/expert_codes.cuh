@@ -22,8 +22,9 @@
  *   agree;
  * - a tile's empty 8-token groups are skipped (512-token prompts give
  *   Qwen3-30B-A3B's experts 32 tokens each: half a 64-token tile).
- * The A values are the generic kernel's: s * q - m in f32, rounded to
- * bf16.
+ * The A values are the generic kernel's (s * q - m in f32, rounded to
+ * bf16: codes_f32), or, in three instructions a pair instead of seven,
+ * computed in bf16 (codes_bf16, MOE_CUDA_EXPERT_CODES=bf16).
  *
  * A block: EC_ROWS rows (8 warps of 16) x EG_TOKENS tokens of one tile,
  * one format block of columns a step. Token rows in shared memory are
@@ -35,17 +36,50 @@
 #define MOE_CUDA_EXPERT_CODES_CUH
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda/expert_gemm.cuh"
 
 /* Formats opt in (q4_k.cu) with
- *   template <class MUL> static void fragments(const uint8_t *ra, const uint8_t *rb, int t, MUL mul):
+ *   template <class MATH, class MUL> static void fragments(const uint8_t *ra, const uint8_t *rb, int t, MUL mul):
  * for rows g (ra) and g + 8 (rb) of a warp's 16, one format block each in
  * shared memory, call mul(a, col) for each 16-column step of the block,
- * a the lane's A fragments, col the first of its four columns. */
+ * a the lane's A fragments (MATH::pair of its codes), col the first of
+ * its four columns. */
 template <class F>
 struct expert_codes {
     static constexpr bool value = false;
+};
+
+/* A pair of codes (bytes i and i + 1 of c, below 128) as weights
+ * s * q - m, bf16, two ways: */
+
+/* in f32, rounded to bf16 (the generic kernel's values: k_unit_dequant) */
+struct codes_f32 {
+    struct scale {
+        float s, m;
+    };
+    static __device__ __forceinline__ scale of(float s, float m) { return scale{s, m}; }
+    static __device__ __forceinline__ unsigned pair(unsigned c, int i, const scale &k) {
+        const float q0 = __int_as_float((int)__byte_perm(c, 0x4b000000u, 0x7540 + i)) - 8388608.0f; /* exact */
+        const float q1 = __int_as_float((int)__byte_perm(c, 0x4b000000u, 0x7541 + i)) - 8388608.0f;
+        return bf16_pair(k.s * q0 - k.m, k.s * q1 - k.m);
+    }
+};
+
+/* in bf16 pairs: the codes as 128 + q (exponent bits 0x43 above them)
+ * less 128, exact, then one fused multiply-add with s and -m rounded to
+ * bf16: 3 instructions a pair instead of 7, the scale's rounding shared
+ * by a sub-block's weights (MOE_CUDA_EXPERT_CODES=bf16) */
+struct codes_bf16 {
+    struct scale {
+        unsigned s, neg_m;
+    };
+    static __device__ __forceinline__ scale of(float s, float m) { return scale{bf16_pair(s, s), bf16_pair(-m, -m)}; }
+    static __device__ __forceinline__ unsigned pair(unsigned c, int i, const scale &k) {
+        const unsigned biased = __byte_perm(c, 0x43u, 0x4040 + i + ((i + 1) << 8));
+        return bf16x2_fma(k.s, bf16x2_sub(biased, 0x43004300u), k.neg_m);
+    }
 };
 
 #define EC_ROWS    128
@@ -81,12 +115,12 @@ __device__ __forceinline__ void ec_stage(uint8_t *raw, const dmat &m, int64_t e,
 }
 
 /* This warp's 16 rows x the tile's tokens over the stage's columns. */
-template <class F>
+template <class F, class MATH>
 __device__ __forceinline__ void ec_multiply(float acc[8][4], const uint8_t *raw, int groups) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const uint8_t *ra = raw + (16 * warp + g) * F::BODY;
     const uint16_t *xs = (const uint16_t *)(raw + EC_ROWS * F::BODY) + g * EC_XS;
-    expert_codes<F>::fragments(ra, ra + 8 * F::BODY, t, [&](const unsigned a[4], int col) {
+    expert_codes<F>::template fragments<MATH>(ra, ra + 8 * F::BODY, t, [&](const unsigned a[4], int col) {
 #pragma unroll
         for (int j = 0; j < 8; j++)
             if (j < groups) {
@@ -98,7 +132,7 @@ __device__ __forceinline__ void ec_multiply(float acc[8][4], const uint8_t *raw,
 }
 
 /* Block (row tile, token tile) as in expert_gemm_kernel. */
-template <class F, class Y>
+template <class F, class Y, class MATH>
 __global__ void __launch_bounds__(EC_THREADS, 2) expert_codes_kernel(const expert_gemm_args a) {
     if (a.n_tiles && (int)blockIdx.y >= *a.n_tiles) return;
     DYN_SMEM(uint8_t, smem);
@@ -121,7 +155,7 @@ __global__ void __launch_bounds__(EC_THREADS, 2) expert_codes_kernel(const exper
             cp_async_wait<0>();
         }
         __syncthreads(); /* every thread's copies of step k are visible */
-        ec_multiply<F>(acc, smem + k % EC_STAGES * stage, groups);
+        ec_multiply<F, MATH>(acc, smem + k % EC_STAGES * stage, groups);
         __syncthreads(); /* step k's buffer is free for step k + EC_STAGES */
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -135,31 +169,29 @@ __global__ void __launch_bounds__(EC_THREADS, 2) expert_codes_kernel(const exper
         }
 }
 
-template <class F, class Y>
+template <class F, class Y, class MATH>
 void launch_expert_codes_as(const expert_gemm_args *a, int n_tiles, cudaStream_t st) {
-    void (*kernel)(const expert_gemm_args) = expert_codes_kernel<F, Y>;
+    void (*kernel)(const expert_gemm_args) = expert_codes_kernel<F, Y, MATH>;
     const int smem = (int)(EC_STAGES * expert_codes_stage_bytes<F>());
     (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); /* else the launch fails */
     const dim3 grid((unsigned)(a->pair * ((a->w[0].rows + EC_ROWS - 1) / EC_ROWS)), (unsigned)n_tiles);
     LAUNCH(kernel, grid, EC_THREADS, smem, st, *a);
 }
 
-/* MOE_CUDA_EXPERT_CODES=0: the generic kernel for every format (an A/B
- * switch; read once). */
-inline bool expert_codes_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("MOE_CUDA_EXPERT_CODES");
-        on = !(v && v[0] == '0');
-    }
-    return on;
+/* MOE_CUDA_EXPERT_CODES: 0 the generic kernel for every format, bf16
+ * the codes' weights in bf16 pairs (codes_bf16), else in f32 (A/B
+ * switches). */
+enum { CODES_OFF, CODES_F32, CODES_BF16 };
+inline int expert_codes_mode(void) {
+    const char *v = getenv("MOE_CUDA_EXPERT_CODES");
+    return v && v[0] == '0' ? CODES_OFF : v && strcmp(v, "bf16") == 0 ? CODES_BF16 : CODES_F32;
 }
 
 /* Whether format F's expert products come from its codes: it has them,
  * its blocks are a step, and the switch above is not off. */
 template <class F>
 bool expert_products_from_codes(void) {
-    if constexpr (expert_codes<F>::value && F::BLOCK == 256) return expert_codes_enabled();
+    if constexpr (expert_codes<F>::value && F::BLOCK == 256) return expert_codes_mode() != CODES_OFF;
     return false;
 }
 
@@ -169,11 +201,14 @@ bool expert_products_from_codes(void) {
 template <class F>
 bool launch_expert_products(const expert_gemm_args *a, int n_tiles, cudaStream_t st) {
     if constexpr (expert_codes<F>::value && F::BLOCK == 256) {
-        if (expert_codes_enabled()) {
+        const int mode = expert_codes_mode();
+        if (mode != CODES_OFF) {
             if (a->w[0].cols % F::BLOCK) return false;
             if (n_tiles == 0) return true;
-            if (a->y_bf16) launch_expert_codes_as<F, uint16_t>(a, n_tiles, st);
-            else launch_expert_codes_as<F, float>(a, n_tiles, st);
+            if (mode == CODES_BF16 && a->y_bf16) launch_expert_codes_as<F, uint16_t, codes_bf16>(a, n_tiles, st);
+            else if (mode == CODES_BF16) launch_expert_codes_as<F, float, codes_bf16>(a, n_tiles, st);
+            else if (a->y_bf16) launch_expert_codes_as<F, uint16_t, codes_f32>(a, n_tiles, st);
+            else launch_expert_codes_as<F, float, codes_f32>(a, n_tiles, st);
             return true;
         }
     }

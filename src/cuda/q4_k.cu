@@ -112,20 +112,14 @@ struct shared_units<fmt_q4_k> {
 template <>
 struct expert_codes<fmt_q4_k> {
     static constexpr bool value = true;
-    /* codes i and i + 1 (bytes of c) as s * q - m, a bf16 pair: the
-     * generic kernel's values (k_unit_dequant) rounded as it rounds them */
-    static __device__ __forceinline__ unsigned pair(unsigned c, int i, float s, float m) {
-        const float q0 = __int_as_float((int)__byte_perm(c, 0x4b000000u, 0x7540 + i)) - 8388608.0f; /* exact */
-        const float q1 = __int_as_float((int)__byte_perm(c, 0x4b000000u, 0x7541 + i)) - 8388608.0f;
-        return bf16_pair(s * q0 - m, s * q1 - m);
-    }
-    template <class MUL>
-    static __device__ __forceinline__ void step(unsigned ca, unsigned cb, float sa, float ma, float sb, float mb, int col,
-                                                MUL &mul) {
-        const unsigned a[4] = {pair(ca, 0, sa, ma), pair(cb, 0, sb, mb), pair(ca, 2, sa, ma), pair(cb, 2, sb, mb)};
+    /* rows g (codes ca, scale and min of sa) and g + 8 (cb, sb) */
+    template <class MATH, class MUL>
+    static __device__ __forceinline__ void step(unsigned ca, unsigned cb, const typename MATH::scale &sa,
+                                                const typename MATH::scale &sb, int col, MUL &mul) {
+        const unsigned a[4] = {MATH::pair(ca, 0, sa), MATH::pair(cb, 0, sb), MATH::pair(ca, 2, sa), MATH::pair(cb, 2, sb)};
         mul(a, col);
     }
-    template <class MUL>
+    template <class MATH, class MUL>
     static __device__ __forceinline__ void fragments(const uint8_t *ra, const uint8_t *rb, int t, MUL mul) {
         const uint4 ha = *(const uint4 *)ra, hb = *(const uint4 *)rb;
         const float da = h2f((uint16_t)(ha.x & 0xffff)), dmina = h2f((uint16_t)(ha.x >> 16));
@@ -133,14 +127,16 @@ struct expert_codes<fmt_q4_k> {
 #pragma unroll
         for (int g = 0; g < 4; g++) {
             const unsigned sa = k_group_scales(ha, g), sb = k_group_scales(hb, g);
+            const typename MATH::scale lo_a = MATH::of(da * (float)(sa & 0xff), dmina * (float)((sa >> 16) & 0xff));
+            const typename MATH::scale lo_b = MATH::of(db * (float)(sb & 0xff), dminb * (float)((sb >> 16) & 0xff));
+            const typename MATH::scale hi_a = MATH::of(da * (float)((sa >> 8) & 0xff), dmina * (float)(sa >> 24));
+            const typename MATH::scale hi_b = MATH::of(db * (float)((sb >> 8) & 0xff), dminb * (float)(sb >> 24));
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int at = 16 + 32 * g + 16 * h + 4 * t, col = 64 * g + 16 * h + 4 * t;
                 const unsigned wa = *(const unsigned *)(ra + at), wb = *(const unsigned *)(rb + at);
-                step(wa & 0x0f0f0f0f, wb & 0x0f0f0f0f, da * (float)(sa & 0xff), dmina * (float)((sa >> 16) & 0xff),
-                     db * (float)(sb & 0xff), dminb * (float)((sb >> 16) & 0xff), col, mul);
-                step((wa >> 4) & 0x0f0f0f0f, (wb >> 4) & 0x0f0f0f0f, da * (float)((sa >> 8) & 0xff),
-                     dmina * (float)(sa >> 24), db * (float)((sb >> 8) & 0xff), dminb * (float)(sb >> 24), col + 32, mul);
+                step<MATH>(wa & 0x0f0f0f0f, wb & 0x0f0f0f0f, lo_a, lo_b, col, mul);
+                step<MATH>((wa >> 4) & 0x0f0f0f0f, (wb >> 4) & 0x0f0f0f0f, hi_a, hi_b, col + 32, mul);
             }
         }
     }
