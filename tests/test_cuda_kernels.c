@@ -303,6 +303,35 @@ static void test_dequant_every_type(void) {
     }
 }
 
+/* SwiGLU in the experts' products from the codes (expert_codes.cuh): h =
+ * silu(g) * u against the same kernel's own g | u (f32) for gate w and
+ * another up matrix, rounded to bf16 as the prefill's swiglu_kernel. */
+static void check_expert_swiglu(moe_type type, int experts, int rows, int cols, const uint8_t *w, const uint16_t *x,
+                                int tokens, const int *tiles, int n_tiles) {
+    float *up_deq;
+    uint8_t *up = random_matrix(type, experts * rows, cols, 1.0f / sqrtf((float)cols), &up_deq);
+    float *gu = xmalloc((size_t)tokens * 2 * rows * sizeof(float));
+    uint16_t *h = xmalloc((size_t)tokens * rows * sizeof(uint16_t));
+    moe_error err = {0};
+    moe_status st = cuda_test_expert_gemm(type, experts, rows, cols, w, up, x, tokens, tiles, n_tiles, CUDA_TEST_EG_F32, gu, &err);
+    if (st == MOE_OK)
+        st = cuda_test_expert_gemm(type, experts, rows, cols, w, up, x, tokens, tiles, n_tiles, CUDA_TEST_EG_SWIGLU, h, &err);
+    CHECKF(st == MOE_OK, "%s", err.message);
+    int bad = 0;
+    for (int t = 0; t < tokens && st == MOE_OK; t++)
+        for (int r = 0; r < rows; r++) {
+            const float g = gu[(size_t)t * 2 * rows + r], u = gu[(size_t)t * 2 * rows + rows + r];
+            const float want = g / (1.0f + expf(-g)) * u, have = bf16_to_f32(h[(size_t)t * rows + r]);
+            if (!(fabsf(have - want) <= 0x1p-8f * fabsf(want) + 1e-30f) && bad++ < 3)
+                fprintf(stderr, "  expert swiglu %s: token %d row %d: want %.7g got %.7g\n", quant_format_of(type)->name, t, r,
+                        want, have);
+        }
+    CHECKF(bad == 0, "expert swiglu %s %dx%d: %d values off", quant_format_of(type)->name, rows, cols, bad);
+    printf("  expert gemm %-7s %d x %d, SwiGLU: %d of %d values off\n", quant_format_of(type)->name, rows, cols, bad,
+           tokens * rows);
+    free(up), free(up_deq), free(gu), free(h);
+}
+
 /* The fused expert GEMM of every type against the CPU's dequantized
  * weights: two experts' tokens in tiles of 64 and a part (the first expert's
  * rows past the last full tile), rows not a multiple of the kernel's 64,
@@ -323,8 +352,9 @@ static void check_expert_gemm(moe_type type, int rows, int cols) {
     float *got = xmalloc(n * sizeof(float));
     uint16_t *got16 = xmalloc(n * sizeof(uint16_t));
     moe_error err = {0};
-    moe_status st = cuda_test_expert_gemm(type, EXPERTS, rows, cols, w, x, TOKENS, tiles, 4, false, got, &err);
-    if (st == MOE_OK) st = cuda_test_expert_gemm(type, EXPERTS, rows, cols, w, x, TOKENS, tiles, 4, true, got16, &err);
+    moe_status st = cuda_test_expert_gemm(type, EXPERTS, rows, cols, w, w, x, TOKENS, tiles, 4, CUDA_TEST_EG_F32, got, &err);
+    if (st == MOE_OK)
+        st = cuda_test_expert_gemm(type, EXPERTS, rows, cols, w, w, x, TOKENS, tiles, 4, CUDA_TEST_EG_BF16, got16, &err);
     CHECKF(st == MOE_OK, "%s", err.message);
     int bad = 0;
     double worst_eg = 0;
@@ -346,6 +376,7 @@ static void check_expert_gemm(moe_type type, int rows, int cols) {
         }
     }
     CHECKF(bad == 0, "expert gemm %s %dx%d: %d values off", quant_format_of(type)->name, rows, cols, bad);
+    if (st == MOE_OK && type == MOE_TYPE_Q4_K) check_expert_swiglu(type, EXPERTS, rows, cols, w, x, TOKENS, tiles, 4);
     const char *codes = getenv("MOE_CUDA_EXPERT_CODES");
     printf("  expert gemm %-7s %d x %d%s%s: worst |gpu - cpu| / sum |w x| %.3g\n", quant_format_of(type)->name, rows, cols,
            codes ? ", codes " : "", codes ? codes : "", worst_eg);

@@ -256,13 +256,17 @@ moe_status cuda_test_top_logits(const float *logits, int n_vocab, int n, const i
 moe_status cuda_test_dequant(moe_type type, int n_experts, int rows, int cols, const void *w, const int32_t *experts,
                              int n_pick, bool bf16, void *out, moe_error *err);
 
-/* The prefill's experts' product from quantized weights (expert_gemm.cuh)
- * with both halves of a pair the same matrix: per tile (expert, first row,
- * rows) of tiles, row r of y (n_rows x 2 rows, f32 or bf16 bits) is row r
- * of x (n_rows x cols, bf16 bits) times the expert's W^T, twice over; W a
- * slab as in cuda_test_dequant. Rows of no tile stay poisoned. */
-moe_status cuda_test_expert_gemm(moe_type type, int n_experts, int rows, int cols, const void *w, const uint16_t *x,
-                                 int n_rows, const int *tiles, int n_tiles, bool y_bf16, void *y, moe_error *err);
+/* The prefill's experts' products from quantized weights (expert_codes.cuh,
+ * expert_gemm.cuh) for the pair of slabs gate and up (W and U, as in
+ * cuda_test_dequant): per tile (expert, first row, rows) of tiles, row r
+ * of y is row r of x (n_rows x cols, bf16 bits) times the expert's
+ * [W | U]^T (n_rows x 2 rows, f32 or bf16 bits), or silu(x W^T) * (x U^T)
+ * (n_rows x rows, bf16 bits: a format whose products come from its
+ * codes). Rows of no tile stay poisoned. */
+enum { CUDA_TEST_EG_F32, CUDA_TEST_EG_BF16, CUDA_TEST_EG_SWIGLU };
+moe_status cuda_test_expert_gemm(moe_type type, int n_experts, int rows, int cols, const void *gate, const void *up,
+                                 const uint16_t *x, int n_rows, const int *tiles, int n_tiles, int out, void *y,
+                                 moe_error *err);
 
 /* One layer of the prefill's attention: n_tokens new tokens at positions
  * pos.. with their q|k|v projections (n_tokens x (q_dim + 2 kv_dim)). */

@@ -193,6 +193,7 @@ struct expert_gemm_args {
     void *y; /* rows ldy apart: f32, or bf16 if y_bf16 */
     int64_t ldy;
     bool y_bf16;
+    bool swiglu; /* y = silu(x W0^T) * (x W1^T), bf16 rows of w[0].rows (from the codes only) */
 };
 
 struct cuda_format {

@@ -94,22 +94,28 @@ __host__ __device__ constexpr size_t expert_codes_stage_bytes(void) {
 
 /* Step k (format block k of every row) of the block's rows and tokens
  * into stage buffer `raw` (the token tile right after the rows), as one
- * cp.async group. Token rows past the tile's last 8-token group are
- * never read and not copied; rows past the matrix repeat its last. */
-template <class F>
-__device__ __forceinline__ void ec_stage(uint8_t *raw, const dmat &m, int64_t e, int m0, const uint16_t *x,
-                                         int64_t ldx, int count, int k) {
-    constexpr int chunks = F::BODY / 16;
-    const uint8_t *body = m.body + e * m.expert_stride + (int64_t)k * F::BODY;
+ * cp.async group. The rows: m0 on of matrix `which` (or with SWIGLU the
+ * first half gate rows m0 on, the second the same up rows); rows past a
+ * matrix repeat its last. Token rows past the tile's last 8-token group
+ * are never read and not copied. (The matrices are read from the kernel's
+ * parameters at each step: held in registers across the steps, they
+ * spilled.) */
+template <class F, bool SWIGLU>
+__device__ __forceinline__ void ec_stage(uint8_t *raw, const expert_gemm_args &a, int which, int m0, int64_t e,
+                                         const uint16_t *x, int count, int k) {
+    constexpr int chunks = F::BODY / 16, half = EC_ROWS / 2;
     for (int i = threadIdx.x; i < EC_ROWS * chunks; i += EC_THREADS) {
-        const int r = i / chunks, c = i - r * chunks;
-        cp_async16(raw + r * F::BODY + 16 * c, body + (int64_t)min(m0 + r, m.rows - 1) * m.row_stride + 16 * c, true);
+        const int r = i / chunks, c = i - r * chunks, second = r >= half;
+        const dmat &m = a.w[SWIGLU ? second : which];
+        const int64_t row = min(m0 + r - (SWIGLU ? second * half : 0), m.rows - 1);
+        cp_async16(raw + r * F::BODY + 16 * c, m.body + e * m.expert_stride + row * m.row_stride + (int64_t)k * F::BODY + 16 * c,
+                   true);
     }
     uint16_t *xs = (uint16_t *)(raw + EC_ROWS * F::BODY);
-    const int per_row = F::BLOCK / 8, rows = (count + 7) & ~7;
-    for (int i = threadIdx.x; i < rows * per_row; i += EC_THREADS) {
+    const int per_row = F::BLOCK / 8, tokens = (count + 7) & ~7;
+    for (int i = threadIdx.x; i < tokens * per_row; i += EC_THREADS) {
         const int n = i / per_row, c = i - n * per_row;
-        cp_async16(xs + n * EC_XS + 8 * c, x + (n < count ? n : 0) * ldx + (int64_t)k * F::BLOCK + 8 * c, n < count);
+        cp_async16(xs + n * EC_XS + 8 * c, x + (n < count ? n : 0) * a.ldx + (int64_t)k * F::BLOCK + 8 * c, n < count);
     }
     cp_async_commit();
 }
@@ -131,25 +137,68 @@ __device__ __forceinline__ void ec_multiply(float acc[8][4], const uint8_t *raw,
     });
 }
 
-/* Block (row tile, token tile) as in expert_gemm_kernel. */
-template <class F, class Y, class MATH>
+/* The block's products into y, row by row of the block's matrix. */
+template <class Y>
+__device__ __forceinline__ void ec_store(const expert_gemm_args &a, float acc[8][4], int m0, int which, int64_t r0,
+                                         int count) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    Y *y = (Y *)a.y + r0 * a.ldy + which * a.w[0].rows;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const int row = m0 + 16 * warp + g + 8 * (v >> 1), n = 8 * j + 2 * t + (v & 1);
+            if (row < a.w[0].rows && n < count) eg_store(y + (int64_t)n * a.ldy + row, acc[j][v]);
+        }
+}
+
+/* SwiGLU of the block's gate rows (warps 0-3) and up rows (warps 4-7,
+ * the same lanes' values handed over in shared memory, which the steps
+ * are done with) into bf16 h, as swiglu_kernel (prefill.cu) computes it. */
+__device__ __forceinline__ void ec_store_swiglu(const expert_gemm_args &a, float acc[8][4], float *up, int m0,
+                                                int64_t r0, int count) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    float *mine = up + (warp & 3) * 8 * 4 * 32 + lane;
+    if (warp >= 4)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) mine[(4 * j + v) * 32] = acc[j][v];
+    __syncthreads();
+    if (warp >= 4) return;
+    uint16_t *h = (uint16_t *)a.y + r0 * a.ldy;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            const int row = m0 + 16 * warp + g + 8 * (v >> 1), n = 8 * j + 2 * t + (v & 1);
+            const float gi = acc[j][v];
+            if (row < a.w[0].rows && n < count)
+                h[(int64_t)n * a.ldy + row] = f32_to_bf16_bits(gi / (1.0f + expf(-gi)) * mine[(4 * j + v) * 32] * 1.0f);
+        }
+}
+
+/* Block (row tile, token tile) as in expert_gemm_kernel; with SWIGLU a
+ * row tile is EC_ROWS / 2 gate rows and the same up rows. */
+template <class F, class Y, class MATH, bool SWIGLU>
 __global__ void __launch_bounds__(EC_THREADS, 2) expert_codes_kernel(const expert_gemm_args a) {
     if (a.n_tiles && (int)blockIdx.y >= *a.n_tiles) return;
     DYN_SMEM(uint8_t, smem);
     const int *tile = a.tiles + 3 * blockIdx.y;
     const int64_t e = tile[0], r0 = tile[1];
-    const int count = tile[2], groups = (count + 7) >> 3, row_tiles = (a.w[0].rows + EC_ROWS - 1) / EC_ROWS;
-    const int which = blockIdx.x / row_tiles, m0 = (blockIdx.x - which * row_tiles) * EC_ROWS;
-    const dmat &m = a.w[which];
+    const int count = tile[2], groups = (count + 7) >> 3;
+    const int row_tiles = SWIGLU ? gridDim.x : (a.w[0].rows + EC_ROWS - 1) / EC_ROWS, which = blockIdx.x / row_tiles;
+    const int m0 = (blockIdx.x - which * row_tiles) * (SWIGLU ? EC_ROWS / 2 : EC_ROWS);
     const uint16_t *x = a.x + r0 * a.ldx;
-    const int steps = m.cols / F::BLOCK;
+    const int steps = a.w[0].cols / F::BLOCK;
     const size_t stage = expert_codes_stage_bytes<F>();
     float acc[8][4] = {};
-    for (int k = 0; k < EC_STAGES - 1 && k < steps; k++) ec_stage<F>(smem + k * stage, m, e, m0, x, a.ldx, count, k);
+    for (int k = 0; k < EC_STAGES - 1 && k < steps; k++) ec_stage<F, SWIGLU>(smem + k * stage, a, which, m0, e, x, count, k);
     for (int k = 0; k < steps; k++) {
         /* step k's group has landed once at most the EC_STAGES - 2 after it are in flight */
         if (k + EC_STAGES - 1 < steps) {
-            ec_stage<F>(smem + (k + EC_STAGES - 1) % EC_STAGES * stage, m, e, m0, x, a.ldx, count, k + EC_STAGES - 1);
+            ec_stage<F, SWIGLU>(smem + (k + EC_STAGES - 1) % EC_STAGES * stage, a, which, m0, e, x, count,
+                                k + EC_STAGES - 1);
             cp_async_wait<EC_STAGES - 1>();
         } else {
             cp_async_wait<0>();
@@ -158,24 +207,25 @@ __global__ void __launch_bounds__(EC_THREADS, 2) expert_codes_kernel(const exper
         ec_multiply<F, MATH>(acc, smem + k % EC_STAGES * stage, groups);
         __syncthreads(); /* step k's buffer is free for step k + EC_STAGES */
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    Y *y = (Y *)a.y + r0 * a.ldy + which * a.w[0].rows;
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-        for (int v = 0; v < 4; v++) {
-            const int row = m0 + 16 * warp + g + 8 * (v >> 1), n = 8 * j + 2 * t + (v & 1);
-            if (row < m.rows && n < count) eg_store(y + (int64_t)n * a.ldy + row, acc[j][v]);
-        }
+    if constexpr (SWIGLU) ec_store_swiglu(a, acc, (float *)smem, m0, r0, count);
+    else ec_store<Y>(a, acc, m0, which, r0, count);
 }
 
-template <class F, class Y, class MATH>
+template <class F, class Y, class MATH, bool SWIGLU>
 void launch_expert_codes_as(const expert_gemm_args *a, int n_tiles, cudaStream_t st) {
-    void (*kernel)(const expert_gemm_args) = expert_codes_kernel<F, Y, MATH>;
+    void (*kernel)(const expert_gemm_args) = expert_codes_kernel<F, Y, MATH, SWIGLU>;
     const int smem = (int)(EC_STAGES * expert_codes_stage_bytes<F>());
     (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem); /* else the launch fails */
-    const dim3 grid((unsigned)(a->pair * ((a->w[0].rows + EC_ROWS - 1) / EC_ROWS)), (unsigned)n_tiles);
-    LAUNCH(kernel, grid, EC_THREADS, smem, st, *a);
+    const int row_tiles = SWIGLU ? (a->w[0].rows + EC_ROWS / 2 - 1) / (EC_ROWS / 2)
+                                 : a->pair * ((a->w[0].rows + EC_ROWS - 1) / EC_ROWS);
+    LAUNCH(kernel, dim3((unsigned)row_tiles, (unsigned)n_tiles), EC_THREADS, smem, st, *a);
+}
+
+template <class F, class MATH>
+void launch_expert_codes_with(const expert_gemm_args *a, int n_tiles, cudaStream_t st) {
+    if (a->swiglu) launch_expert_codes_as<F, uint16_t, MATH, true>(a, n_tiles, st);
+    else if (a->y_bf16) launch_expert_codes_as<F, uint16_t, MATH, false>(a, n_tiles, st);
+    else launch_expert_codes_as<F, float, MATH, false>(a, n_tiles, st);
 }
 
 /* MOE_CUDA_EXPERT_CODES: 0 the generic kernel for every format, bf16
@@ -196,8 +246,9 @@ bool expert_products_from_codes(void) {
 }
 
 /* The format table's expert products: from the codes where
- * expert_products_from_codes, else expert_gemm.cuh's kernel. false when
- * the format's blocks and the matrices' columns leave no step. */
+ * expert_products_from_codes, else expert_gemm.cuh's kernel. false, with
+ * nothing launched, when the format's blocks and the matrices' columns
+ * leave no step, or SwiGLU was asked of the generic kernel. */
 template <class F>
 bool launch_expert_products(const expert_gemm_args *a, int n_tiles, cudaStream_t st) {
     if constexpr (expert_codes<F>::value && F::BLOCK == 256) {
@@ -205,14 +256,12 @@ bool launch_expert_products(const expert_gemm_args *a, int n_tiles, cudaStream_t
         if (mode != CODES_OFF) {
             if (a->w[0].cols % F::BLOCK) return false;
             if (n_tiles == 0) return true;
-            if (mode == CODES_BF16 && a->y_bf16) launch_expert_codes_as<F, uint16_t, codes_bf16>(a, n_tiles, st);
-            else if (mode == CODES_BF16) launch_expert_codes_as<F, float, codes_bf16>(a, n_tiles, st);
-            else if (a->y_bf16) launch_expert_codes_as<F, uint16_t, codes_f32>(a, n_tiles, st);
-            else launch_expert_codes_as<F, float, codes_f32>(a, n_tiles, st);
+            if (mode == CODES_BF16) launch_expert_codes_with<F, codes_bf16>(a, n_tiles, st);
+            else launch_expert_codes_with<F, codes_f32>(a, n_tiles, st);
             return true;
         }
     }
-    return launch_expert_gemm<F>(a, n_tiles, st);
+    return !a->swiglu && launch_expert_gemm<F>(a, n_tiles, st);
 }
 
 #endif

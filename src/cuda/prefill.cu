@@ -1098,12 +1098,15 @@ static moe_status fused_experts(cuda_state *s, const cuda_layer *w, int R, int n
     a.tiles = p->index + 2 * p->cap * p->k + p->g.experts;
     a.n_tiles = on_device ? p->n_tiles : NULL;
     a.x = p->xs16, a.ldx = d;
-    a.y = p->gu, a.ldy = 2 * ff, a.y_bf16 = false;
+    a.swiglu = cuda_format_of(w->exp_gate.type)->expert_codes(); /* SwiGLU in the products' kernel */
+    if (a.swiglu) a.y = p->h16, a.ldy = ff, a.y_bf16 = true;
+    else a.y = p->gu, a.ldy = 2 * ff, a.y_bf16 = false;
     (void)cuda_format_of(w->exp_gate.type)->expert_gemm(&a, n_tiles, s->stream); /* fused_fits said it fits */
     p->calls++;
-    LAUNCH(swiglu_kernel<float>, R, ROW_THREADS, 0, s->stream, p->h16, (const float *)p->gu, ff, (const float *)NULL);
+    if (!a.swiglu)
+        LAUNCH(swiglu_kernel<float>, R, ROW_THREADS, 0, s->stream, p->h16, (const float *)p->gu, ff, (const float *)NULL);
     PHASE_DONE(s, CUDA_PF_EXPERT_UP);
-    a.w[0] = w->exp_down, a.pair = 1;
+    a.w[0] = w->exp_down, a.pair = 1, a.swiglu = false;
     a.x = p->h16, a.ldx = ff;
     a.y = p->eo16, a.ldy = d, a.y_bf16 = true;
     (void)cuda_format_of(w->exp_down.type)->expert_gemm(&a, n_tiles, s->stream);
@@ -1359,29 +1362,34 @@ moe_status cuda_test_dequant(moe_type type, int n_experts, int rows, int cols, c
     return st;
 }
 
-moe_status cuda_test_expert_gemm(moe_type type, int n_experts, int rows, int cols, const void *w, const uint16_t *x,
-                                 int n_rows, const int *tiles, int n_tiles, bool y_bf16, void *y, moe_error *err) {
+moe_status cuda_test_expert_gemm(moe_type type, int n_experts, int rows, int cols, const void *gate, const void *up,
+                                 const uint16_t *x, int n_rows, const int *tiles, int n_tiles, int out, void *y,
+                                 moe_error *err) {
     const cuda_format *f = cuda_format_of(type);
     if (!f) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA kernels for type %d", (int)type);
     if (!expert_gemm_step(cols, f->block))
         return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no step of the expert GEMM divides %d columns", cols);
+    if (out == CUDA_TEST_EG_SWIGLU && !f->expert_codes())
+        return moe_error_set(err, MOE_ERR_UNSUPPORTED, "%s: SwiGLU in the experts' products needs their codes", f->name);
     test_allocs t;
     memset(&t, 0, sizeof t);
     expert_gemm_args a;
     memset(&a, 0, sizeof a);
     void *d_x = NULL, *d_tiles = NULL, *d_y = NULL;
-    const size_t y_bytes = (size_t)n_rows * 2 * rows * (y_bf16 ? 2 : 4);
-    moe_status st = test_upload_slab(type, n_experts, rows, cols, w, &t, &a.w[0], err);
+    const size_t y_bytes = (size_t)n_rows * rows * (out == CUDA_TEST_EG_F32 ? 8 : out == CUDA_TEST_EG_BF16 ? 4 : 2);
+    moe_status st = test_upload_slab(type, n_experts, rows, cols, gate, &t, &a.w[0], err);
+    if (st == MOE_OK) st = test_upload_slab(type, n_experts, rows, cols, up, &t, &a.w[1], err);
     if (st == MOE_OK) {
         cudaError_t e = test_upload_bytes(&t, x, (size_t)n_rows * cols * sizeof(uint16_t), &d_x);
         if (e == cudaSuccess) e = test_upload_bytes(&t, tiles, (size_t)n_tiles * 3 * sizeof(int), &d_tiles);
         if (e == cudaSuccess) e = test_alloc(&t, &d_y, y_bytes);
         if (e == cudaSuccess) e = cudaMemset(d_y, 0xff, y_bytes);
         if (e == cudaSuccess) {
-            a.w[1] = a.w[0], a.pair = 2; /* the pair's second half repeats the first */
+            a.pair = 2;
             a.tiles = (const int *)d_tiles;
             a.x = (const uint16_t *)d_x, a.ldx = cols;
-            a.y = d_y, a.ldy = 2 * rows, a.y_bf16 = y_bf16;
+            a.y = d_y, a.ldy = out == CUDA_TEST_EG_SWIGLU ? rows : 2 * rows;
+            a.y_bf16 = out != CUDA_TEST_EG_F32, a.swiglu = out == CUDA_TEST_EG_SWIGLU;
             (void)f->expert_gemm(&a, n_tiles, 0);
             e = cudaGetLastError();
         }
