@@ -174,7 +174,7 @@ __device__ __forceinline__ void ec_store_swiglu(const expert_gemm_args &a, float
             const int row = m0 + 16 * warp + g + 8 * (v >> 1), n = 8 * j + 2 * t + (v & 1);
             const float gi = acc[j][v];
             if (row < a.w[0].rows && n < count)
-                h[(int64_t)n * a.ldy + row] = f32_to_bf16_bits(gi / (1.0f + expf(-gi)) * mine[(4 * j + v) * 32] * 1.0f);
+                h[(int64_t)n * a.ldy + row] = f32_to_bf16_bits(gi / (1.0f + expf(-gi)) * mine[(4 * j + v) * 32]);
         }
 }
 

@@ -146,6 +146,15 @@ static __global__ void shared_gate_kernel(float *out, const float *xn, const flo
     if (threadIdx.x == 0) out[blockIdx.x] = (float)(1.0 / (1.0 + exp(-dot)));
 }
 
+/* Expert e's token tiles (expert, first row, rows: at most EG_TOKENS)
+ * for its count rows from row start on, at tiles + 3 n on; returns n
+ * past them. */
+static __host__ __device__ int list_expert_tiles(int *tiles, int n, int e, int start, int count) {
+    for (int r = 0; r < count; r += EG_TOKENS, n++)
+        tiles[3 * n] = e, tiles[3 * n + 1] = start + r, tiles[3 * n + 2] = count - r < EG_TOKENS ? count - r : EG_TOKENS;
+    return n;
+}
+
 /* group_by_expert and list_tiles on the device, into index as the host
  * lays it out (used experts and tiles in expert order), the tiles'
  * count in *n_tiles; one block. A row's place among its expert's rows
@@ -166,8 +175,7 @@ static __global__ void __launch_bounds__(1024)
         for (int e = 0, at = 0; e < E; at += count[e++]) {
             fill[e] = at;
             if (count[e]) used[n_used++] = e;
-            for (int r = 0; r < count[e]; r += EG_TOKENS, n++)
-                tiles[3 * n] = e, tiles[3 * n + 1] = at + r, tiles[3 * n + 2] = min(count[e] - r, EG_TOKENS);
+            n = list_expert_tiles(tiles, n, e, at, count[e]);
         }
         *n_tiles = n;
     }
@@ -676,11 +684,9 @@ static void *take(uint8_t *base, size_t *used, size_t bytes) {
     return base ? base + at : NULL;
 }
 
-/* Token tiles of a chunk's experts at most: its rows in whole tiles, and
- * a part-filled one per expert. */
-static int max_tiles(const prefill_scratch *p, int n_experts) {
-    return (p->cap * p->k + EG_TOKENS - 1) / EG_TOKENS + n_experts;
-}
+/* Token tiles of `rows` routed rows over n_experts at most: the rows in
+ * whole tiles, and a part-filled one per expert. */
+static int max_tiles(int rows, int n_experts) { return (rows + EG_TOKENS - 1) / EG_TOKENS + n_experts; }
 
 static void lay_out(const cuda_state *s, prefill_scratch *p, uint8_t *base, size_t *used) {
     const model_config *c = &s->m->config;
@@ -705,7 +711,7 @@ static void lay_out(const cuda_state *s, prefill_scratch *p, uint8_t *base, size
     p->route_w = (float *)take(base, used, R * sizeof(float));
     p->shgate = (float *)take(base, used, T * sizeof(float));
     p->route_ids = (int *)take(base, used, R * sizeof(int));
-    p->index = (int *)take(base, used, (2 * R + E + 3 * max_tiles(p, (int)E)) * sizeof(int));
+    p->index = (int *)take(base, used, (2 * R + E + 3 * max_tiles((int)R, (int)E)) * sizeof(int));
     p->n_tiles = (int *)take(base, used, sizeof(int));
     p->g.ptr = (const void **)take(base, used, 6 * E * sizeof(void *));
 }
@@ -789,7 +795,7 @@ static moe_status make_scratch(cuda_state *s, moe_error *err) {
     size_t bytes = pass_tokens(s, p);
     const size_t R = (size_t)p->cap * p->k, E = c->n_experts;
     cudaError_t e = cudaMalloc(&p->mem, bytes);
-    if (e == cudaSuccess && E) e = cudaMallocHost(&p->host, (3 * R + E + 3 * max_tiles(p, (int)E)) * sizeof(int));
+    if (e == cudaSuccess && E) e = cudaMallocHost(&p->host, (3 * R + E + 3 * max_tiles((int)R, (int)E)) * sizeof(int));
     if (e == cudaSuccess && E) e = cudaMallocHost((void **)&p->g.ptr_host, 6 * E * sizeof(void *));
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -1064,8 +1070,9 @@ static bool fused_whatever(const prefill_scratch *p, const cuda_layer *w) {
     return fused_can(w) && (p->experts_path == EXPERTS_FUSED || (p->experts_path == EXPERTS_AUTO && any_length));
 }
 
+/* Otherwise (the host grouped the rows): whether they take this routing. */
 static bool fused_fits(const prefill_scratch *p, const cuda_layer *w, int R, int n_used) {
-    return fused_whatever(p, w) || (fused_can(w) && p->experts_path == EXPERTS_AUTO && R <= FUSED_ROWS_AN_EXPERT * n_used);
+    return fused_can(w) && p->experts_path == EXPERTS_AUTO && R <= FUSED_ROWS_AN_EXPERT * n_used;
 }
 
 /* The token tiles of the fused products after the index in p->host:
@@ -1073,14 +1080,8 @@ static bool fused_fits(const prefill_scratch *p, const cuda_layer *w, int R, int
  * Returns how many. */
 static int list_tiles(prefill_scratch *p, int n_used) {
     const int cap_rows = p->cap * p->k, *used = p->host + 3 * cap_rows;
-    int *tile = (int *)used + p->g.experts, n = 0;
-    for (int j = 0; j < n_used; j++) {
-        const int e = used[j];
-        for (int r = 0; r < p->count[e]; r += EG_TOKENS, n++) {
-            tile[3 * n] = e, tile[3 * n + 1] = p->start[e] + r;
-            tile[3 * n + 2] = p->count[e] - r < EG_TOKENS ? p->count[e] - r : EG_TOKENS;
-        }
-    }
+    int *tiles = (int *)used + p->g.experts, n = 0;
+    for (int j = 0; j < n_used; j++) n = list_expert_tiles(tiles, n, used[j], p->start[used[j]], p->count[used[j]]);
     return n;
 }
 
@@ -1130,7 +1131,7 @@ static moe_status moe_ffn(cuda_state *s, const cuda_layer *w, int T, moe_error *
         const int R = T * k;
         LAUNCH(group_kernel, 1, 1024, 2 * E * sizeof(int), s->stream, p->index, p->n_tiles, (const int *)p->route_ids, R,
                k, E, cap_rows);
-        n_tiles = (R + EG_TOKENS - 1) / EG_TOKENS + (E < R ? E : R); /* the most there can be */
+        n_tiles = max_tiles(R, E); /* the most there can be */
     } else {
         CUDA_CHECK(cudaMemcpyAsync(p->host, p->route_ids, (size_t)T * k * sizeof(int), cudaMemcpyDeviceToHost, s->stream));
         CUDA_CHECK(cudaStreamSynchronize(s->stream));
