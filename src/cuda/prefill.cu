@@ -35,12 +35,14 @@
  * when some token of the chunk chose them. That cost is why short runs
  * stay with the decode step: a chunk of a MoE model costs about the same
  * once most experts are chosen, so the batched prefill pays only from
- * about 2 E / k tokens on (E experts, k a token). Measured on
- * Qwen3-30B-A3B Q4_K (bench/results/2026-12-04-s21, MOE_CUDA_PREFILL_MIN
- * against MOE_CUDA_PREFILL=0): batched pp16 457 tok/s, pp32 717, pp64
- * 1285, pp128 2448; token by token 683, 671, 662, 659, so the crossover
- * is near 30 (2 x 128 / 8 = 32; 5 E / k with the dequantized experts of
- * the fifth session). Dense models go batched from PREFILL_MIN_TOKENS.
+ * about E / k tokens on (E experts, k a token). Measured on
+ * Qwen3-30B-A3B Q4_K with the experts from the codes (an H100,
+ * bench/results/2026-12-05-s25, MOE_CUDA_PREFILL_MIN=1 against
+ * MOE_CUDA_PREFILL=0): batched pp8 575 tok/s, pp16 922, pp32 1539, pp64
+ * 2790; token by token 644, 648, 638, 624, so the crossover is near 10
+ * (it was near 30 with the experts dequantized into bf16 first, 2 E / k;
+ * 5 E / k before that). E / k = 16 here. Dense models go batched from
+ * PREFILL_MIN_TOKENS.
  * Where a chunk's time goes is `moe bench --profile`'s prefill table
  * (cuda_prefill_profile_run): after the nineteenth session
  * (bench/results/2026-12-03-s19, run 5), 512 tokens took 84 ms there (the
@@ -1264,7 +1266,7 @@ int cuda_prefill_min_tokens(const model *m) {
     const char *v = getenv("MOE_CUDA_PREFILL_MIN"); /* a measurement's override: batch from this many */
     if (v && atoi(v) >= 1) return atoi(v);
     const model_config *c = &m->config;
-    const int moe_min = c->n_experts ? 2 * c->n_experts / c->n_experts_used : 0; /* see the top */
+    const int moe_min = c->n_experts ? c->n_experts / c->n_experts_used : 0; /* see the top */
     return moe_min > PREFILL_MIN_TOKENS ? moe_min : PREFILL_MIN_TOKENS;
 }
 
