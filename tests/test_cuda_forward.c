@@ -32,8 +32,8 @@
  * bf16 models, which have no activation codes, are held to 1e-3 (they
  * agree to ~2e-7) at every position.
  *
- * The batched prefill (cuda_forward with n >= cuda_prefill_min_tokens, 16
- * to 32; prefill.cu), on the tiny
+ * The batched prefill (cuda_forward with n >= cuda_prefill_min_tokens: 16, or
+ * E / k where more; prefill.cu), on the tiny
  * model of every architecture in f32 and q4_k, the Mixtral layout and the
  * small presets:
  *  - logits of every position of a 64-token prompt, run as one batch and
