@@ -62,6 +62,7 @@ struct alignas(8) uint2 { unsigned x, y; };
 struct alignas(8) int2 { int x, y; };
 struct alignas(8) float2 { float x, y; };
 static inline int2 make_int2(int x, int y) { return int2{x, y}; }
+static inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 /* ---------------------------------------------------------------- runtime API */

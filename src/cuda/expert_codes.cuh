@@ -1,7 +1,7 @@
 /*
  * expert_codes.cuh — the batched prefill's expert products for formats
  * whose codes become the tensor cores' A fragments in registers (Q4_K,
- * expert_codes<F> in its family file): the same product as
+ * Q5_K and Q6_K, expert_codes<F> in their family files): the same product as
  * expert_gemm.cuh (Y = X W^T for every tile of one expert's tokens, bf16
  * operands, f32 sums, mma.sync m16n8k16) without the weight tile in
  * shared memory as f32.
@@ -30,7 +30,12 @@
  * one format block of columns a step. Token rows in shared memory are
  * padded to 32 bytes past a multiple of 128, so a half warp's 8-byte
  * loads (4 tokens x 4 lanes) hit 32 banks; the raw rows keep the format's
- * 144-byte stride, whose 32-bit words of 8 rows x 4 lanes also do.
+ * stride (144 bytes for Q4_K, 176 Q5_K, 208 Q6_K: 4 words past a multiple
+ * of 32 in each), whose 32-bit words of 8 rows x 4 lanes also do. A
+ * format whose scale lives in the meta array (Q6_K's d) has the step's
+ * meta of each row staged beside the rows: loaded a step ahead into a
+ * register (2 bytes are too few for cp.async) and stored once the step
+ * before is multiplied.
  */
 #ifndef MOE_CUDA_EXPERT_CODES_CUH
 #define MOE_CUDA_EXPERT_CODES_CUH
@@ -40,12 +45,13 @@
 
 #include "cuda/expert_gemm.cuh"
 
-/* Formats opt in (q4_k.cu) with
- *   template <class MATH, class MUL> static void fragments(const uint8_t *ra, const uint8_t *rb, int t, MUL mul):
- * for rows g (ra) and g + 8 (rb) of a warp's 16, one format block each in
- * shared memory, call mul(a, col) for each 16-column step of the block,
- * a the lane's A fragments (MATH::pair of its codes), col the first of
- * its four columns. */
+/* Formats opt in (q4_k.cu, q5_k.cu, q6_k.cu) with
+ *   template <class MATH, class MUL>
+ *   static void fragments(const uint8_t *ra, const uint8_t *rb, uint16_t ma, uint16_t mb, int t, MUL mul):
+ * for rows g (ra, meta ma) and g + 8 (rb, mb) of a warp's 16, one format
+ * block each in shared memory, call mul(a, col) for each 16-column step
+ * of the block, a the lane's A fragments (ec_step), col the first of its
+ * four columns. */
 template <class F>
 struct expert_codes {
     static constexpr bool value = false;
@@ -82,36 +88,82 @@ struct codes_bf16 {
     }
 };
 
+/* One 16-column mma step of rows g (codes ca, weights s * q - m of sa)
+ * and g + 8 (cb, sb): lane t's four columns are bytes 0-3 of its words
+ * (the permutation at the top). */
+template <class MATH, class MUL>
+__device__ __forceinline__ void ec_step(unsigned ca, unsigned cb, const typename MATH::scale &sa,
+                                        const typename MATH::scale &sb, int col, MUL &mul) {
+    const unsigned a[4] = {MATH::pair(ca, 0, sa), MATH::pair(cb, 0, sb), MATH::pair(ca, 2, sa), MATH::pair(cb, 2, sb)};
+    mul(a, col);
+}
+
 #define EC_ROWS    128
 #define EC_THREADS 256
 #define EC_STAGES  2
 #define EC_XS      (256 + 16) /* bf16 a token row of a step: 544 bytes */
 
+/* A stage: the rows' format blocks, their meta (16-byte aligned), the tokens. */
+template <class F>
+__host__ __device__ constexpr size_t ec_meta_at(void) {
+    return (size_t)EC_ROWS * F::BODY;
+}
+template <class F>
+__host__ __device__ constexpr size_t ec_tokens_at(void) {
+    return ec_meta_at<F>() + (F::META ? ((size_t)EC_ROWS * F::META + 15) / 16 * 16 : 0);
+}
 template <class F>
 __host__ __device__ constexpr size_t expert_codes_stage_bytes(void) {
-    return (size_t)EC_ROWS * F::BODY + (size_t)EG_TOKENS * EC_XS * sizeof(uint16_t);
+    return ec_tokens_at<F>() + (size_t)EG_TOKENS * EC_XS * sizeof(uint16_t);
+}
+
+/* Row r of the block (of matrix `which`, or with SWIGLU gate rows then
+ * the same up rows): its matrix and its row there, rows past a matrix
+ * repeating its last. */
+template <bool SWIGLU>
+__device__ __forceinline__ const dmat &ec_row(const expert_gemm_args &a, int which, int m0, int r, int64_t *row) {
+    const int second = r >= EC_ROWS / 2;
+    const dmat &m = a.w[SWIGLU ? second : which];
+    *row = min(m0 + r - (SWIGLU ? second * EC_ROWS / 2 : 0), m.rows - 1);
+    return m;
+}
+
+/* The meta (the format's 2-byte scale of a block) of step k of the rows
+ * that thread owns (threads 0 .. EC_ROWS - 1, a row each), from global
+ * memory: loaded a step ahead and stored by ec_store_meta. */
+template <class F, bool SWIGLU>
+__device__ __forceinline__ uint16_t ec_load_meta(const expert_gemm_args &a, int which, int m0, int64_t e, int k) {
+    static_assert(F::META == 0 || F::META == 2, "a step's meta is one 2-byte scale a row");
+    if (F::META == 0 || threadIdx.x >= EC_ROWS) return 0;
+    int64_t row;
+    const dmat &m = ec_row<SWIGLU>(a, which, m0, threadIdx.x, &row);
+    return ldg_u16(m.meta + e * m.meta_expert_stride + row * m.meta_row_stride + (int64_t)k * F::META);
+}
+
+template <class F>
+__device__ __forceinline__ void ec_store_meta(uint8_t *raw, uint16_t meta) {
+    if (F::META && threadIdx.x < EC_ROWS) ((uint16_t *)(raw + ec_meta_at<F>()))[threadIdx.x] = meta;
 }
 
 /* Step k (format block k of every row) of the block's rows and tokens
- * into stage buffer `raw` (the token tile right after the rows), as one
- * cp.async group. The rows: m0 on of matrix `which` (or with SWIGLU the
- * first half gate rows m0 on, the second the same up rows); rows past a
- * matrix repeat its last. Token rows past the tile's last 8-token group
- * are never read and not copied. (The matrices are read from the kernel's
- * parameters at each step: held in registers across the steps, they
- * spilled.) */
+ * into stage buffer `raw`, as one cp.async group (the meta aside: above).
+ * The rows: m0 on of matrix `which` (or with SWIGLU the first half gate
+ * rows m0 on, the second the same up rows). Token rows past the tile's
+ * last 8-token group are never read and not copied. (The matrices are
+ * read from the kernel's parameters at each step: held in registers
+ * across the steps, they spilled.) */
 template <class F, bool SWIGLU>
 __device__ __forceinline__ void ec_stage(uint8_t *raw, const expert_gemm_args &a, int which, int m0, int64_t e,
                                          const uint16_t *x, int count, int k) {
-    constexpr int chunks = F::BODY / 16, half = EC_ROWS / 2;
+    constexpr int chunks = F::BODY / 16;
     for (int i = threadIdx.x; i < EC_ROWS * chunks; i += EC_THREADS) {
-        const int r = i / chunks, c = i - r * chunks, second = r >= half;
-        const dmat &m = a.w[SWIGLU ? second : which];
-        const int64_t row = min(m0 + r - (SWIGLU ? second * half : 0), m.rows - 1);
+        const int r = i / chunks, c = i - r * chunks;
+        int64_t row;
+        const dmat &m = ec_row<SWIGLU>(a, which, m0, r, &row);
         cp_async16(raw + r * F::BODY + 16 * c, m.body + e * m.expert_stride + row * m.row_stride + (int64_t)k * F::BODY + 16 * c,
                    true);
     }
-    uint16_t *xs = (uint16_t *)(raw + EC_ROWS * F::BODY);
+    uint16_t *xs = (uint16_t *)(raw + ec_tokens_at<F>());
     const int per_row = F::BLOCK / 8, tokens = (count + 7) & ~7;
     for (int i = threadIdx.x; i < tokens * per_row; i += EC_THREADS) {
         const int n = i / per_row, c = i - n * per_row;
@@ -124,9 +176,12 @@ __device__ __forceinline__ void ec_stage(uint8_t *raw, const expert_gemm_args &a
 template <class F, class MATH>
 __device__ __forceinline__ void ec_multiply(float acc[8][4], const uint8_t *raw, int groups) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const uint8_t *ra = raw + (16 * warp + g) * F::BODY;
-    const uint16_t *xs = (const uint16_t *)(raw + EC_ROWS * F::BODY) + g * EC_XS;
-    expert_codes<F>::template fragments<MATH>(ra, ra + 8 * F::BODY, t, [&](const unsigned a[4], int col) {
+    const int row = 16 * warp + g;
+    const uint8_t *ra = raw + row * F::BODY;
+    const uint16_t *meta = (const uint16_t *)(raw + ec_meta_at<F>());
+    const uint16_t ma = F::META ? meta[row] : 0, mb = F::META ? meta[row + 8] : 0;
+    const uint16_t *xs = (const uint16_t *)(raw + ec_tokens_at<F>()) + g * EC_XS;
+    expert_codes<F>::template fragments<MATH>(ra, ra + 8 * F::BODY, ma, mb, t, [&](const unsigned a[4], int col) {
 #pragma unroll
         for (int j = 0; j < 8; j++)
             if (j < groups) {
@@ -192,20 +247,24 @@ __global__ void __launch_bounds__(EC_THREADS, 2) expert_codes_kernel(const exper
     const uint16_t *x = a.x + r0 * a.ldx;
     const int steps = a.w[0].cols / F::BLOCK;
     const size_t stage = expert_codes_stage_bytes<F>();
+    static_assert(EC_STAGES == 2, "the meta is loaded one step ahead");
     float acc[8][4] = {};
-    for (int k = 0; k < EC_STAGES - 1 && k < steps; k++) ec_stage<F, SWIGLU>(smem + k * stage, a, which, m0, e, x, count, k);
+    ec_stage<F, SWIGLU>(smem, a, which, m0, e, x, count, 0);
+    ec_store_meta<F>(smem, ec_load_meta<F, SWIGLU>(a, which, m0, e, 0));
     for (int k = 0; k < steps; k++) {
-        /* step k's group has landed once at most the EC_STAGES - 2 after it are in flight */
-        if (k + EC_STAGES - 1 < steps) {
-            ec_stage<F, SWIGLU>(smem + (k + EC_STAGES - 1) % EC_STAGES * stage, a, which, m0, e, x, count,
-                                k + EC_STAGES - 1);
-            cp_async_wait<EC_STAGES - 1>();
+        /* step k's group has landed once only step k + 1's is in flight */
+        uint16_t next_meta = 0;
+        if (k + 1 < steps) {
+            ec_stage<F, SWIGLU>(smem + (k + 1) % 2 * stage, a, which, m0, e, x, count, k + 1);
+            next_meta = ec_load_meta<F, SWIGLU>(a, which, m0, e, k + 1);
+            cp_async_wait<1>();
         } else {
             cp_async_wait<0>();
         }
         __syncthreads(); /* every thread's copies of step k are visible */
-        ec_multiply<F, MATH>(acc, smem + k % EC_STAGES * stage, groups);
-        __syncthreads(); /* step k's buffer is free for step k + EC_STAGES */
+        ec_multiply<F, MATH>(acc, smem + k % 2 * stage, groups);
+        if (k + 1 < steps) ec_store_meta<F>(smem + (k + 1) % 2 * stage, next_meta);
+        __syncthreads(); /* step k's buffer is free for step k + 2, step k + 1's meta is visible */
     }
     if constexpr (SWIGLU) ec_store_swiglu(a, acc, (float *)smem, m0, r0, count);
     else ec_store<Y>(a, acc, m0, which, r0, count);

@@ -9,7 +9,8 @@
  * half hh = u % 2: codes lo[] are weights 64g + 16hh + i (sub-block 2g),
  * hi[] weights 64g + 32 + 16hh + i (sub-block 2g + 1), four a word.
  * Against Q8_K activations (k_combine), with dot_* from 4 dp4a each and
- * s_* the activation sums of those 16.
+ * s_* the activation sums of those 16. The prefill's tensor-core operands
+ * of both formats come from k_scale_min_fragments.
  */
 #ifndef MOE_CUDA_K_QUANT_CUH
 #define MOE_CUDA_K_QUANT_CUH
@@ -86,5 +87,44 @@ __device__ __forceinline__ void k_unit_dequant(const uint4 &h, const unsigned lo
         y[32 + i] = s1 * (float)((hw >> shift) & 0xff) - n1;
     }
 }
+
+/* The prefill's A fragments of a Q4_K or Q5_K block (expert_codes.cuh's
+ * fragments): four groups of 64 columns, each a sub-block of low codes
+ * and one of high codes with a 6-bit scale and min from the 16-byte
+ * header (d | dmin | packed scales). CODES::at(row, g, h, t) gives lane
+ * t's word of group g's low codes (.x, columns 64 g + 16 h + 4 t .. + 3)
+ * and of its high codes (.y, 32 columns further on). */
+template <class MATH, class CODES, class MUL>
+__device__ __forceinline__ void k_scale_min_fragments(const uint8_t *ra, const uint8_t *rb, int t, MUL &mul) {
+    const uint4 ha = *(const uint4 *)ra, hb = *(const uint4 *)rb;
+    const float da = h2f((uint16_t)(ha.x & 0xffff)), dmina = h2f((uint16_t)(ha.x >> 16));
+    const float db = h2f((uint16_t)(hb.x & 0xffff)), dminb = h2f((uint16_t)(hb.x >> 16));
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        const unsigned sa = k_group_scales(ha, g), sb = k_group_scales(hb, g);
+        const typename MATH::scale lo_a = MATH::of(da * (float)(sa & 0xff), dmina * (float)((sa >> 16) & 0xff));
+        const typename MATH::scale lo_b = MATH::of(db * (float)(sb & 0xff), dminb * (float)((sb >> 16) & 0xff));
+        const typename MATH::scale hi_a = MATH::of(da * (float)((sa >> 8) & 0xff), dmina * (float)(sa >> 24));
+        const typename MATH::scale hi_b = MATH::of(db * (float)((sb >> 8) & 0xff), dminb * (float)(sb >> 24));
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int col = 64 * g + 16 * h + 4 * t;
+            const uint2 wa = CODES::at(ra, g, h, t), wb = CODES::at(rb, g, h, t);
+            ec_step<MATH>(wa.x, wb.x, lo_a, lo_b, col, mul);
+            ec_step<MATH>(wa.y, wb.y, hi_a, hi_b, col + 32, mul);
+        }
+    }
+}
+
+/* expert_codes of a format whose blocks k_scale_min_fragments reads. */
+template <class CODES>
+struct k_scale_min_codes {
+    static constexpr bool value = true;
+    template <class MATH, class MUL>
+    static __device__ __forceinline__ void fragments(const uint8_t *ra, const uint8_t *rb, uint16_t, uint16_t, int t,
+                                                     MUL mul) {
+        k_scale_min_fragments<MATH, CODES>(ra, rb, t, mul);
+    }
+};
 
 #endif

@@ -23,8 +23,8 @@
  *   output head on the positions asked for                the decode's gemv
  *
  * Weights stay quantized in memory. The experts' products read them so,
- * Q4_K's decoding its codes into the tensor cores' operands in registers
- * (expert_codes.cuh), the others dequantizing tile by tile in shared
+ * Q4_K's, Q5_K's and Q6_K's decoding their codes into the tensor cores'
+ * operands in registers (expert_codes.cuh), the others dequantizing tile by tile in shared
  * memory (expert_gemm.cuh). Each
  * dense matrix is dequantized to bf16 into one reusable scratch just
  * before its cuBLAS GEMM (the format table's dequant, dequant.cuh), as are

@@ -104,42 +104,16 @@ struct shared_units<fmt_q4_k> {
     }
 };
 
-/* The prefill's expert products from the codes (expert_codes.cuh). A
- * block's group g of 64 columns is sub-blocks 2g (the low nibbles of its
- * 32 bytes of codes) and 2g + 1 (the high ones), each two 16-column
- * steps; lane t's four columns of a step are bytes 4t .. 4t + 3 of the
- * step's 16, one word for both sub-blocks. */
-template <>
-struct expert_codes<fmt_q4_k> {
-    static constexpr bool value = true;
-    /* rows g (codes ca, scale and min of sa) and g + 8 (cb, sb) */
-    template <class MATH, class MUL>
-    static __device__ __forceinline__ void step(unsigned ca, unsigned cb, const typename MATH::scale &sa,
-                                                const typename MATH::scale &sb, int col, MUL &mul) {
-        const unsigned a[4] = {MATH::pair(ca, 0, sa), MATH::pair(cb, 0, sb), MATH::pair(ca, 2, sa), MATH::pair(cb, 2, sb)};
-        mul(a, col);
-    }
-    template <class MATH, class MUL>
-    static __device__ __forceinline__ void fragments(const uint8_t *ra, const uint8_t *rb, int t, MUL mul) {
-        const uint4 ha = *(const uint4 *)ra, hb = *(const uint4 *)rb;
-        const float da = h2f((uint16_t)(ha.x & 0xffff)), dmina = h2f((uint16_t)(ha.x >> 16));
-        const float db = h2f((uint16_t)(hb.x & 0xffff)), dminb = h2f((uint16_t)(hb.x >> 16));
-#pragma unroll
-        for (int g = 0; g < 4; g++) {
-            const unsigned sa = k_group_scales(ha, g), sb = k_group_scales(hb, g);
-            const typename MATH::scale lo_a = MATH::of(da * (float)(sa & 0xff), dmina * (float)((sa >> 16) & 0xff));
-            const typename MATH::scale lo_b = MATH::of(db * (float)(sb & 0xff), dminb * (float)((sb >> 16) & 0xff));
-            const typename MATH::scale hi_a = MATH::of(da * (float)((sa >> 8) & 0xff), dmina * (float)(sa >> 24));
-            const typename MATH::scale hi_b = MATH::of(db * (float)((sb >> 8) & 0xff), dminb * (float)(sb >> 24));
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int at = 16 + 32 * g + 16 * h + 4 * t, col = 64 * g + 16 * h + 4 * t;
-                const unsigned wa = *(const unsigned *)(ra + at), wb = *(const unsigned *)(rb + at);
-                step<MATH>(wa & 0x0f0f0f0f, wb & 0x0f0f0f0f, lo_a, lo_b, col, mul);
-                step<MATH>((wa >> 4) & 0x0f0f0f0f, (wb >> 4) & 0x0f0f0f0f, hi_a, hi_b, col + 32, mul);
-            }
-        }
+/* The prefill's expert products from the codes (expert_codes.cuh): group
+ * g's 32 bytes of nibbles, lane t's word of each half h (bytes 16 h + 4 t
+ * on), are the low codes of sub-block 2g and the high codes of 2g + 1. */
+struct q4_k_codes {
+    static __device__ __forceinline__ uint2 at(const uint8_t *row, int g, int h, int t) {
+        const unsigned w = *(const unsigned *)(row + 16 + 32 * g + 16 * h + 4 * t);
+        return make_uint2(w & 0x0f0f0f0f, (w >> 4) & 0x0f0f0f0f);
     }
 };
+template <>
+struct expert_codes<fmt_q4_k> : k_scale_min_codes<q4_k_codes> {};
 
 DEFINE_CUDA_FORMAT(fmt_q4_k, q4_k)

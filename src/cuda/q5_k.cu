@@ -62,4 +62,18 @@ struct fmt_q5_k {
     }
 };
 
+/* The prefill's expert products from the codes (expert_codes.cuh): as
+ * Q4_K's (nibbles at byte 48 on), with bit 2g (low codes) or 2g + 1 (high
+ * codes) of qh byte 16 h + 4 t + i as the code's bit 4. */
+struct q5_k_codes {
+    static __device__ __forceinline__ uint2 at(const uint8_t *row, int g, int h, int t) {
+        const unsigned w = *(const unsigned *)(row + 48 + 32 * g + 16 * h + 4 * t);
+        const unsigned qh = *(const unsigned *)(row + 16 + 16 * h + 4 * t);
+        return make_uint2((w & 0x0f0f0f0f) | (((qh >> (2 * g)) & 0x01010101) << 4),
+                          ((w >> 4) & 0x0f0f0f0f) | (((qh >> (2 * g + 1)) & 0x01010101) << 4));
+    }
+};
+template <>
+struct expert_codes<fmt_q5_k> : k_scale_min_codes<q5_k_codes> {};
+
 DEFINE_CUDA_FORMAT(fmt_q5_k, q5_k)

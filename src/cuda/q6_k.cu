@@ -97,4 +97,33 @@ struct fmt_q6_k : smem_act<fmt_q6_k> {
     }
 };
 
+/* The prefill's expert products from the codes (expert_codes.cuh): for
+ * half hf and lane t's columns l = l0 + 4t .. + 3 of each run of 32, the
+ * words of ql at 64 hf + l and 64 hf + 32 + l and of qh at 128 + 32 hf + l
+ * hold the codes of weights 128 hf + 32 k + l, k = 0..3 (as codes above),
+ * sub-block 8 hf + 2 k + l0 / 16 with scale d * sc: s q - 32 s. */
+template <>
+struct expert_codes<fmt_q6_k> {
+    static constexpr bool value = true;
+    template <class MATH, class MUL>
+    static __device__ __forceinline__ void fragments(const uint8_t *ra, const uint8_t *rb, uint16_t ma, uint16_t mb, int t,
+                                                     MUL mul) {
+        const float da = h2f(ma), db = h2f(mb);
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int l0 = 0; l0 < 32; l0 += 16)
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int l = l0 + 4 * t, ql = 64 * hf + 32 * (k & 1) + l, qh = 128 + 32 * hf + l, j = 8 * hf + 2 * k + l0 / 16;
+                    const unsigned ca = ((*(const unsigned *)(ra + ql) >> 4 * (k >> 1)) & 0x0f0f0f0f) |
+                                        (((*(const unsigned *)(ra + qh) >> 2 * k) & 0x03030303) << 4);
+                    const unsigned cb = ((*(const unsigned *)(rb + ql) >> 4 * (k >> 1)) & 0x0f0f0f0f) |
+                                        (((*(const unsigned *)(rb + qh) >> 2 * k) & 0x03030303) << 4);
+                    const float sa = da * (float)(int8_t)ra[192 + j], sb = db * (float)(int8_t)rb[192 + j];
+                    ec_step<MATH>(ca, cb, MATH::of(sa, 32.0f * sa), MATH::of(sb, 32.0f * sb), 128 * hf + 32 * k + l, mul);
+                }
+    }
+};
+
 DEFINE_CUDA_FORMAT(fmt_q6_k, q6_k)
