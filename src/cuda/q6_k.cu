@@ -116,12 +116,13 @@ struct expert_codes<fmt_q6_k> {
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
                     const int l = l0 + 4 * t, ql = 64 * hf + 32 * (k & 1) + l, qh = 128 + 32 * hf + l, j = 8 * hf + 2 * k + l0 / 16;
-                    const unsigned ca = ((*(const unsigned *)(ra + ql) >> 4 * (k >> 1)) & 0x0f0f0f0f) |
-                                        (((*(const unsigned *)(ra + qh) >> 2 * k) & 0x03030303) << 4);
-                    const unsigned cb = ((*(const unsigned *)(rb + ql) >> 4 * (k >> 1)) & 0x0f0f0f0f) |
-                                        (((*(const unsigned *)(rb + qh) >> 2 * k) & 0x03030303) << 4);
+                    const auto codes_of = [&](const uint8_t *row) {
+                        return ((*(const unsigned *)(row + ql) >> 4 * (k >> 1)) & 0x0f0f0f0f) |
+                               (((*(const unsigned *)(row + qh) >> 2 * k) & 0x03030303) << 4);
+                    };
                     const float sa = da * (float)(int8_t)ra[192 + j], sb = db * (float)(int8_t)rb[192 + j];
-                    ec_step<MATH>(ca, cb, MATH::of(sa, 32.0f * sa), MATH::of(sb, 32.0f * sb), 128 * hf + 32 * k + l, mul);
+                    ec_step<MATH>(codes_of(ra), codes_of(rb), MATH::of(sa, 32.0f * sa), MATH::of(sb, 32.0f * sb),
+                                  128 * hf + 32 * k + l, mul);
                 }
     }
 };
