@@ -332,15 +332,6 @@ static void check_expert_swiglu(moe_type type, int experts, int rows, int cols, 
     free(up), free(up_deq), free(gu), free(h);
 }
 
-/* The formats whose expert products come from their codes (expert_codes.cuh) */
-static const moe_type codes_types[] = {MOE_TYPE_Q4_K, MOE_TYPE_Q5_K, MOE_TYPE_Q6_K};
-
-static bool has_codes_kernel(moe_type type) {
-    for (size_t i = 0; i < sizeof codes_types / sizeof codes_types[0]; i++)
-        if (codes_types[i] == type) return true;
-    return false;
-}
-
 /* The fused expert GEMM of every type against the CPU's dequantized
  * weights: two experts' tokens in tiles of 64 and a part (the first expert's
  * rows past the last full tile), rows not a multiple of the kernel's 64,
@@ -385,7 +376,7 @@ static void check_expert_gemm(moe_type type, int rows, int cols) {
         }
     }
     CHECKF(bad == 0, "expert gemm %s %dx%d: %d values off", quant_format_of(type)->name, rows, cols, bad);
-    if (st == MOE_OK && has_codes_kernel(type)) check_expert_swiglu(type, EXPERTS, rows, cols, w, x, TOKENS, tiles, 4);
+    if (st == MOE_OK && cuda_test_expert_codes(type)) check_expert_swiglu(type, EXPERTS, rows, cols, w, x, TOKENS, tiles, 4);
     const char *codes = getenv("MOE_CUDA_EXPERT_CODES");
     printf("  expert gemm %-7s %d x %d%s%s: worst |gpu - cpu| / sum |w x| %.3g\n", quant_format_of(type)->name, rows, cols,
            codes ? ", codes " : "", codes ? codes : "", worst_eg);
@@ -398,9 +389,14 @@ static void test_expert_gemm_every_type(void) {
     /* the kernel from the codes (expert_codes.cuh): two tiles of its 128
      * rows, the second part empty, and 4 steps, so that its stage buffers
      * are reused; then its weights computed in bf16 pairs */
-    for (size_t i = 0; i < sizeof codes_types / sizeof codes_types[0]; i++) check_expert_gemm(codes_types[i], 200, 1024);
+    CHECKF(cuda_test_expert_codes(MOE_TYPE_Q4_K) && cuda_test_expert_codes(MOE_TYPE_Q5_K) &&
+               cuda_test_expert_codes(MOE_TYPE_Q6_K),
+           "Q4_K, Q5_K and Q6_K experts not from their codes");
+    for (size_t t = 0; t < sizeof gpu_types / sizeof gpu_types[0]; t++)
+        if (cuda_test_expert_codes(gpu_types[t])) check_expert_gemm(gpu_types[t], 200, 1024);
     setenv("MOE_CUDA_EXPERT_CODES", "bf16", 1);
-    for (size_t i = 0; i < sizeof codes_types / sizeof codes_types[0]; i++) check_expert_gemm(codes_types[i], 200, 1024);
+    for (size_t t = 0; t < sizeof gpu_types / sizeof gpu_types[0]; t++)
+        if (cuda_test_expert_codes(gpu_types[t])) check_expert_gemm(gpu_types[t], 200, 1024);
     unsetenv("MOE_CUDA_EXPERT_CODES");
 }
 

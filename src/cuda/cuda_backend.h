@@ -264,6 +264,9 @@ moe_status cuda_test_dequant(moe_type type, int n_experts, int rows, int cols, c
  * (n_rows x rows, bf16 bits: a format whose products come from its
  * codes). Rows of no tile stay poisoned. */
 enum { CUDA_TEST_EG_F32, CUDA_TEST_EG_BF16, CUDA_TEST_EG_SWIGLU };
+/* Whether type's expert products come from its codes (expert_codes.cuh),
+ * as the format table answers it. */
+bool cuda_test_expert_codes(moe_type type);
 moe_status cuda_test_expert_gemm(moe_type type, int n_experts, int rows, int cols, const void *gate, const void *up,
                                  const uint16_t *x, int n_rows, const int *tiles, int n_tiles, int out, void *y,
                                  moe_error *err);

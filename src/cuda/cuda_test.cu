@@ -130,6 +130,11 @@ moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm,
     return st;
 }
 
+bool cuda_test_expert_codes(moe_type type) {
+    const cuda_format *f = cuda_format_of(type);
+    return f && f->expert_codes();
+}
+
 moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, const float *x, float *y, moe_error *err) {
     const cuda_format *f = cuda_format_of(type);
     if (!f) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "no CUDA kernels for type %d", (int)type);
