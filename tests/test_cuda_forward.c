@@ -254,6 +254,13 @@ static void check_model(const model *m, const char *label, bool variants) {
                    "%s: graph=%d pdl=%d gives other logits than graph=1 pdl=1", label, modes[v][0], modes[v][1]);
             free(other);
         }
+        /* every one-matrix product with its rows streamed through shared
+         * memory: the same sums in the same order */
+        float *streamed = gpu_logits_with(g, m, ids, n, (cuda_options){.graph = true, .pdl = true, .gemv_stream_min = 1},
+                                          NULL);
+        CHECKF(memcmp(streamed, got, (size_t)n * vocab * sizeof(float)) == 0,
+               "%s: rows streamed through shared memory give other logits", label);
+        free(streamed);
         /* greedy on the device vs the host's argmax of each step's logits */
         enum { N_GEN = 12 };
         int32_t dev[N_GEN], host[N_GEN];

@@ -8,7 +8,9 @@
  *    CPU's dot of row r with the activations quantized to the format's dot
  *    type (the GPU quantizes them the same way, so the integer sums agree
  *    and only the order of float additions differs). Tolerance 2e-5 of
- *    sum |w_i x_i| (float64, dequantized).
+ *    sum |w_i x_i| (float64, dequantized). Shapes of one batch a lane
+ *    also with their rows streamed through shared memory (the output
+ *    head's way), several tiles a block.
  *  - the routed experts by id (gate|up with SwiGLU, then down with the
  *    weighted combine into a residual), mixed types: h against the CPU
  *    (relative L2 1e-5), y - y0 against the CPU's down products of the
@@ -106,12 +108,12 @@ static double magnitude(const float *deq_row, const float *x, int cols) {
 
 static double worst[MOE_TYPE_COUNT];
 
-static void check_gemv(moe_type type, int rows, int cols) {
+static void check_gemv(moe_type type, int rows, int cols, bool stream) {
     float *deq, *x = xmalloc(sizeof(float) * cols), *y = xmalloc(sizeof(float) * rows), *ref = xmalloc(sizeof(float) * rows);
     uint8_t *w = random_matrix(type, rows, cols, 1.0f / sqrtf((float)cols), &deq);
     for (int i = 0; i < cols; i++) x[i] = gauss();
     moe_error err = {0};
-    moe_status st = cuda_test_gemv(type, rows, cols, w, x, y, &err);
+    moe_status st = cuda_test_gemv(type, rows, cols, w, x, y, stream, &err);
     CHECKF(st == MOE_OK, "%s", err.message);
     if (st == MOE_OK) {
         cpu_gemv(type, w, rows, cols, x, ref);
@@ -127,7 +129,8 @@ static void check_gemv(moe_type type, int rows, int cols) {
                 worst[type] = ratio;
             }
         }
-        CHECKF(bad == 0, "%s %dx%d: %d of %d rows off", quant_format_of(type)->name, rows, cols, bad, rows);
+        CHECKF(bad == 0, "%s %dx%d%s: %d of %d rows off", quant_format_of(type)->name, rows, cols,
+               stream ? " streamed" : "", bad, rows);
     }
     free(deq), free(x), free(y), free(ref), free(w);
 }
@@ -146,8 +149,12 @@ static void test_gemv_every_type(void) {
          * row counts odd, tiny and large */
         const int shapes[][2] = {{1, unit}, {37, 3 * unit}, {200, 8 * unit}, {515, 2048}, {64, 768}, {2053, 512},
                                  {41, 8192}};
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
-            if (shapes[s][1] % unit == 0) check_gemv(type, shapes[s][0], shapes[s][1]);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            if (shapes[s][1] % unit) continue;
+            check_gemv(type, shapes[s][0], shapes[s][1], false);
+            /* the output head's way, where the shape takes it */
+            if (cuda_test_gemv_streams(type, shapes[s][1])) check_gemv(type, shapes[s][0], shapes[s][1], true);
+        }
         printf("  gemv %-7s worst |gpu - cpu| / sum|wx| = %.3g\n", quant_format_of(type)->name, worst[type]);
     }
 }

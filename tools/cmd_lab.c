@@ -63,7 +63,11 @@ enum {
 static const struct {
     const char *role;
     int rows, cols;
-} gemv_shapes[] = {{"q proj", 4096, 2048}, {"o proj", 2048, 4096}, {"output head", 151936, 2048}};
+    bool stream; /* the rows streamed through shared memory (only where the type's rows can) */
+} gemv_shapes[] = {{"q proj", 4096, 2048, false},
+                   {"o proj", 2048, 4096, false},
+                   {"output head", 151936, 2048, false},
+                   {"output head, streamed", 151936, 2048, true}};
 enum { N_SHAPES = sizeof gemv_shapes / sizeof gemv_shapes[0] };
 
 /* ------------------------------------------------------------ random weights */
@@ -170,14 +174,14 @@ static void check_task(void *ctx, int64_t task, int worker) {
 }
 
 /* Worst |gpu - cpu| / sum |w x| of y = W x over the rows, x Gaussian. */
-static moe_status check_gemv(moe_type type, int rows, int cols, const uint8_t *w, thread_pool *pool, uint64_t *rng,
-                             double *worst, moe_error *err) {
+static moe_status check_gemv(moe_type type, int rows, int cols, const uint8_t *w, bool stream, thread_pool *pool,
+                             uint64_t *rng, double *worst, moe_error *err) {
     const int tasks = (rows + CHECK_ROWS - 1) / CHECK_ROWS;
     gemv_check g = {quant_format_of(type), w, quant_row_bytes(type, cols), rows, cols, NULL, NULL, NULL, NULL, NULL};
     float *x = gaussian_vector(cols, rng), *y = malloc((size_t)rows * sizeof *y);
     g.deq = malloc((size_t)thread_pool_size(pool) * cols * sizeof *g.deq);
     g.worst = malloc((size_t)tasks * sizeof *g.worst);
-    moe_status st = x && y && g.deq && g.worst ? cuda_test_gemv(type, rows, cols, w, x, y, err)
+    moe_status st = x && y && g.deq && g.worst ? cuda_test_gemv(type, rows, cols, w, x, y, stream, err)
                                                : moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     void *xq = st == MOE_OK ? quantize_input(type, x, cols) : NULL;
     if (st == MOE_OK && !xq) st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
@@ -348,9 +352,11 @@ static void print_timing_md(const lab_report *r, const lab_row *w) {
         return;
     }
     const double k = gbps(w->t.bytes, w->t.us), rd = gbps(w->t.bytes, w->t.read_us);
-    printf("| %s | %s | %.2f | %.1e | %d x %d | %d | %.1f | %.0f | %.1f | %.0f | %.1f%% | %.1f%% | %.1f%% |\n",
-           w->type, w->what, w->t.bytes / 1e6, w->check, w->t.grid, w->t.lanes, w->t.copies, w->t.us, k, w->t.read_us, rd, rd > 0 ? 100 * k / rd : 0, 100 * k / r->bw_median,
-           100 * rd / r->bw_median);
+    char streamed[32] = "";
+    if (w->t.stages) snprintf(streamed, sizeof streamed, ", %d tiles", w->t.stages);
+    printf("| %s | %s | %.2f | %.1e | %d x %d%s | %d | %.1f | %.0f | %.1f | %.0f | %.1f%% | %.1f%% | %.1f%% |\n",
+           w->type, w->what, w->t.bytes / 1e6, w->check, w->t.grid, w->t.lanes, streamed, w->t.copies, w->t.us, k,
+           w->t.read_us, rd, rd > 0 ? 100 * k / rd : 0, 100 * k / r->bw_median, 100 * rd / r->bw_median);
 }
 
 static void print_table_md(const lab_report *r, const lab_row *rows, int n, const char *what, const char *kernel) {
@@ -428,7 +434,9 @@ static void print_markdown(const lab_report *r) {
            "240 MB in all; an H200's L2 is 50 MB) and, for the experts, %d new ids from device memory (scattered as "
            "a token's are; \"neighbouring\": adjacent in the slab, a new group each launch). The pure read "
            "has the kernel's grid, lanes per row and rows per warp, and 16-byte loads of every body chunk (with its "
-           "block's meta) of the same rows, only XOR-folded. check: worst |gpu - cpu| / sum |w x| over the rows "
+           "block's meta) of the same rows, only XOR-folded; \"N tiles\": the kernel streams its rows through shared "
+           "memory by bulk copies, N tiles of a row group a warp in flight (the decode step's way with MOE_CUDA_STREAM_MB), "
+           "and its pure read copies the same tiles and folds a word of each row. check: worst |gpu - cpu| / sum |w x| over the rows "
            "(ffn_up: of h, the sums of gate and up carried through SwiGLU; ffn_down: of the residual's increment, on "
            "the GPU's own h); over %.0e the variant fails and is not timed. The launch chain times one run of the "
            "whole chain, divided by its launches (median of %d); the grid-barrier columns are one cooperative kernel "
@@ -450,6 +458,7 @@ static json_t *json_of_row(const lab_report *r, const lab_row *w) {
                      "fraction_of_bw", k / r->bw_median, "read_fraction_of_bw", rd / r->bw_median, "grid", w->t.grid,
                      "lanes", w->t.lanes, "blocks_per_sm", w->t.occupancy, "read_blocks_per_sm", w->t.read_occupancy,
                      "read_depth", w->t.depth, "copies", w->t.copies, "batch", w->t.batch));
+    json_object_set_new(o, "stages", json_integer(w->t.stages));
     return o;
 }
 
@@ -520,14 +529,17 @@ static bool judge(lab_report *r, lab_row *w, double check) {
 static moe_status measure_gemv(lab_report *r, const weight_pool *pool, int shape, thread_pool *threads, uint64_t *rng,
                                moe_error *err) {
     const int rows = gemv_shapes[shape].rows, cols = gemv_shapes[shape].cols;
+    const bool stream = gemv_shapes[shape].stream;
+    if (stream && !cuda_test_gemv_streams(pool->type, cols)) return MOE_OK;
     lab_row *w = &r->gemv[r->n_gemv++];
     w->type = quant_format_of(pool->type)->name;
     snprintf(w->what, sizeof w->what, "%d x %d (%s)", rows, cols, gemv_shapes[shape].role);
     uint8_t *weights = pool_draw(pool, (int64_t)rows * cols, rng);
     if (!weights) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory for %s %s", w->type, w->what);
     double check = 0;
-    moe_status st = check_gemv(pool->type, rows, cols, weights, threads, rng, &check, err);
-    if (st == MOE_OK && judge(r, w, check)) st = cuda_lab_gemv(pool->type, rows, cols, weights, r->reps, &w->t, err);
+    moe_status st = check_gemv(pool->type, rows, cols, weights, stream, threads, rng, &check, err);
+    if (st == MOE_OK && judge(r, w, check))
+        st = cuda_lab_gemv(pool->type, rows, cols, weights, r->reps, stream, &w->t, err);
     free(weights);
     return st;
 }
@@ -682,7 +694,10 @@ static void print_help(void) {
            "Qwen3-30B-A3B's shapes, each checked against the CPU first and then timed beside\n"
            "a pure read of the same bytes walked the same way, both as GB/s and as a\n"
            "fraction of the read bandwidth measured in the same run:\n"
-           "  - gemv_kernel on 4096 x 2048, 2048 x 4096 and the 151936 x 2048 output head;\n"
+           "  - gemv_kernel on 4096 x 2048, 2048 x 4096 and the 151936 x 2048 output head,\n"
+           "    the head also with its rows streamed through shared memory by bulk\n"
+           "    copies where the type's rows allow (the decode step's way with\n"
+           "    MOE_CUDA_STREAM_MB=N: products of N MB or more);\n"
            "  - ffn_up and ffn_down on 128 experts (gate/up 768 x 2048, down 2048 x 768),\n"
            "    8 of them a launch by ids in device memory that change every launch\n"
            "    (for Q4_K also 8 experts adjacent in the slab, to weigh the addressing,\n"

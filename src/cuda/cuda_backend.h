@@ -48,6 +48,11 @@ typedef struct cuda_options {
     bool graph;
     bool pdl;
     bool moe_ffn; /* a MoE layer's o projection, router and experts in one launch, where they fit */
+    /* bytes: a one-matrix product of this many or more streams its rows
+     * through shared memory (the output head: faster in `moe lab`, a little
+     * slower in the decode step on an H100, bench/decode-plan.md fact 73);
+     * 0: none */
+    long long gemv_stream_min;
 } cuda_options;
 
 #ifdef MOE_HAVE_CUDA
@@ -214,8 +219,12 @@ int cuda_test_div_magic(int t, int d);
 moe_status cuda_test_stage(moe_type dot_type, const float *x, const float *norm, float eps, int n, bool full_norm,
                            int8_t *codes, float *scales, int16_t *sums, float *norm_scale, moe_error *err);
 
-/* y[rows] = W x, x of cols floats, through the decode step's gemv kernel. */
-moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, const float *x, float *y, moe_error *err);
+/* y[rows] = W x, x of cols floats, through the decode step's gemv kernel;
+ * stream: its rows streamed through shared memory, three tiles a block,
+ * which only the shapes of cuda_test_gemv_streams take. */
+moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, const float *x, float *y, bool stream,
+                          moe_error *err);
+bool cuda_test_gemv_streams(moe_type type, int cols);
 
 /* The routed-expert kernels on slabs of n_experts experts (GGUF layout,
  * gate and up n_ff x n_embd, down n_embd x n_ff): h[k][n_ff] =
@@ -307,6 +316,7 @@ typedef struct cuda_lab_timing {
     double us, read_us; /* per launch: the production kernel, the pure read */
     double bytes;       /* weight bytes one launch reads */
     int grid, lanes;    /* the production launch: blocks, lanes per row */
+    int stages;         /* > 0: its rows streamed through shared memory, this many tiles in flight */
     int occupancy, read_occupancy; /* blocks per SM: the kernel's, the pure read's */
     int depth;          /* the pure read's 16-byte loads in flight per lane */
     int copies, batch;  /* weight copies rotated; launches per timed batch */
@@ -346,8 +356,9 @@ typedef struct cuda_lab_stage {
 
 /* The GPU's name and number of SMs. */
 moe_status cuda_lab_device(char *name, size_t len, int *n_sm, moe_error *err);
-/* gemv_kernel on rows x cols of `type` (GGUF rows at w). */
-moe_status cuda_lab_gemv(moe_type type, int rows, int cols, const void *w, int reps, cuda_lab_timing *out,
+/* gemv_kernel on rows x cols of `type` (GGUF rows at w); stream: its rows
+ * streamed through shared memory (cuda_test_gemv_streams' shapes). */
+moe_status cuda_lab_gemv(moe_type type, int rows, int cols, const void *w, int reps, bool stream, cuda_lab_timing *out,
                          moe_error *err);
 /* ffn_up (k experts of gate and up, n_ff x n_embd) and ffn_down (n_embd x
  * n_ff) by ids that change every launch: scattered over the slab, or

@@ -132,7 +132,8 @@ static inline void bulk_copy(void *smem, const void *gmem, unsigned bytes, uint6
     memcpy(smem, gmem, bytes);
     *bar -= bytes;
 }
-static inline void mbar_wait(uint64_t *bar) {
+static inline void mbar_wait(uint64_t *bar, unsigned parity = 0) {
+    (void)parity;
     if (*bar != 0) {
         fprintf(stderr, "cuda_sim: %llu bytes of a transaction barrier never copied\n", (unsigned long long)*bar);
         abort();
@@ -214,8 +215,9 @@ __device__ __forceinline__ void spin_pause(void) {}
  * (cp.async.bulk, sm_90), counted by a transaction barrier in shared
  * memory: one thread initialises it (mbar_init, then a block barrier),
  * announces the bytes (mbar_expect, before the copies) and issues them;
- * every thread that reads the copies waits (mbar_wait). Used once a
- * launch (phase parity 0). Addresses and sizes: multiples of 16. */
+ * every thread that reads the copies waits (mbar_wait). A barrier used
+ * again waits for the parity of its use: 0, 1, 0, ... Addresses and
+ * sizes: multiples of 16. */
 __device__ __forceinline__ void mbar_init(uint64_t *bar) {
     const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
@@ -231,13 +233,13 @@ __device__ __forceinline__ void bulk_copy(void *smem, const void *gmem, unsigned
                  "l"(gmem), "r"(bytes), "r"(b)
                  : "memory");
 }
-__device__ __forceinline__ void mbar_wait(uint64_t *bar) {
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity = 0) {
     const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
     unsigned done = 0;
     while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
                      : "=r"(done)
-                     : "r"(b)
+                     : "r"(b), "r"(parity)
                      : "memory");
 }
 /* c += A B on tensor cores, A 16 x 16 and B 16 x 8 bf16 as the PTX
@@ -251,6 +253,21 @@ __device__ __forceinline__ void mma_bf16_m16n8k16(float c[4], const unsigned a[4
 #endif
 
 #define FULL_MASK 0xffffffffu
+
+/* Where a format's load() reads a unit's bytes: the weights in global
+ * memory (ldg16), or a copy of them in shared memory (gemv_kernel's rows
+ * streamed in by bulk copies), which the non-coherent global loads cannot
+ * address. */
+struct from_global {
+    static __device__ __forceinline__ uint4 u4(const void *p) { return ldg16(p); }
+    static __device__ __forceinline__ uint2 u8(const void *p) { return ldg8(p); }
+    static __device__ __forceinline__ uint16_t u16(const void *p) { return ldg_u16(p); }
+};
+struct from_shared {
+    static __device__ __forceinline__ uint4 u4(const void *p) { return *(const uint4 *)p; }
+    static __device__ __forceinline__ uint2 u8(const void *p) { return *(const uint2 *)p; }
+    static __device__ __forceinline__ uint16_t u16(const void *p) { return *(const uint16_t *)p; }
+};
 
 /* ------------------------------------------------------------ timeline marks */
 

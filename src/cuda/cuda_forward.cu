@@ -80,6 +80,20 @@ static int grid_for(const cuda_state *s, const cuda_format *f, int kernel, size_
     return gemv_grid(s->g->n_sm, f->occupancy(kernel, smem), rows, lanes, s->max_grid);
 }
 
+/* gemv_stream_stages for w with this state's threshold; when it streams,
+ * the launch's shared memory and grid (a block a multiprocessor, the
+ * tiles split evenly). */
+static int stream_plan(const cuda_state *s, const cuda_format *f, const dmat *w, int lanes, size_t *smem, int *grid) {
+    const long long min = s->opt.gemv_stream_min > 0 ? s->opt.gemv_stream_min : -1;
+    const int stages = gemv_stream_stages(*w, lanes, f->n, f->act, s->g->smem_optin, min);
+    if (stages) {
+        const int tiles = (w->rows + gemv_tile_rows(lanes) - 1) / gemv_tile_rows(lanes);
+        *smem = gemv_stream_layout_of(*w, lanes, f->act, w->cols, stages).total;
+        *grid = tiles < s->g->n_sm ? tiles : s->g->n_sm;
+    }
+    return stages;
+}
+
 typedef struct gemv_out {
     const dmat *w;
     float *out;
@@ -128,9 +142,14 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
             a.step = s->step;
             a.history = s->history;
         }
-        const size_t smem = gemv_smem(f->act, in.n);
-        if (kind == GEMV_ROUTER && cuda_router_fits(&a)) cuda_router(&a, s->stream, s->opt.pdl);
-        else f->gemv(&a, grid_for(s, f, 0, smem, rows, a.lanes), smem, s->stream, s->opt.pdl);
+        if (kind == GEMV_ROUTER && cuda_router_fits(&a)) {
+            cuda_router(&a, s->stream, s->opt.pdl);
+            continue;
+        }
+        size_t smem = gemv_smem(f->act, in.n);
+        int grid = grid_for(s, f, 0, smem, rows, a.lanes);
+        if (a.n_seg == 1 && !accumulate) a.stages = stream_plan(s, f, &a.seg[0].w, a.lanes, &smem, &grid);
+        f->gemv(&a, grid, smem, s->stream, s->opt.pdl);
     }
 }
 
@@ -717,6 +736,8 @@ cuda_options cuda_default_options(void) {
     o.graph = env_flag("MOE_CUDA_GRAPH", true);
     o.pdl = env_flag("MOE_CUDA_PDL", true); /* MOE_CUDA_PDL=0: plain graph edges */
     o.moe_ffn = env_flag("MOE_CUDA_MOE_FFN", false);
+    const char *mb = getenv("MOE_CUDA_STREAM_MB"); /* stream products of this many MB or more */
+    o.gemv_stream_min = mb && *mb ? (long long)(atof(mb) * (1 << 20)) : 0;
     return o;
 }
 
@@ -755,7 +776,8 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->rope = (float *)carve(base, used, (size_t)s->n_ctx * c->n_rot * sizeof(float));
 }
 
-/* The largest dynamic shared memory any launch of this model asks for. */
+/* The largest dynamic shared memory any launch of this model asks for
+ * (but those that stream their rows: cuda_allow_stream_smem). */
 static size_t max_smem(const cuda_state *s) {
     const model_config *c = &s->m->config;
     size_t most = 0;
@@ -826,7 +848,8 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
                              "the model's activations need %zu bytes of shared memory per block, the GPU has %zu", smem,
                              g->smem_optin);
     }
-    if ((e = cuda_allow_smem_all((int)smem)) == cudaSuccess && (e = cudaMalloc(&s->mem, need)) == cudaSuccess)
+    if ((e = cuda_allow_smem_all((int)smem)) == cudaSuccess && (e = cuda_allow_stream_smem()) == cudaSuccess &&
+        (e = cudaMalloc(&s->mem, need)) == cudaSuccess)
         e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreate(&s->ev[0]);
     if (e == cudaSuccess) e = cudaEventCreate(&s->ev[1]);

@@ -84,6 +84,7 @@ struct gemv_args {
     int n_seg;
     int seg_end[MAX_SEGS]; /* cumulative rows */
     int lanes;             /* lanes per row, a power of two <= 32 */
+    int stages;            /* > 0: the rows streamed through shared memory, this many tiles (gemv_stream_plan) */
     int epilogue;
     unsigned *counter; /* the argmax's last-block ticket */
     /* argmax */
@@ -210,6 +211,7 @@ struct cuda_format {
     void (*embed)(const dmat *, const int *step, float *x, cudaStream_t, bool pdl);
     int (*occupancy)(int kernel, size_t smem); /* 0 gemv, 1 up, 2 down: blocks per SM */
     cudaError_t (*allow_smem)(int bytes);
+    cudaError_t (*allow_stream_smem)(int bytes); /* gemv's ROWS_STREAM launches */
     /* Prefill: matrices experts[i] (NULL: i) of a slab, i < n, to plain
      * row-major f32 or bf16 at out + i * out_stride elements (dequant.cuh). */
     void (*dequant)(const dmat *m, const int *experts, int n, void *out, int64_t out_stride, bool bf16, cudaStream_t);
@@ -276,6 +278,10 @@ const float *upload_vec(uploader *u, const vec *v);
 
 /* Raise the dynamic shared memory limit of every kernel to `bytes`. */
 cudaError_t cuda_allow_smem_all(int bytes);
+/* The same for the launches that stream their rows through shared memory
+ * (gemv_stream_stages), to all a block may have: they alone may ask for
+ * it (kernels with static shared memory could not). */
+cudaError_t cuda_allow_stream_smem(void);
 
 /* ---------------------------------------------------------------- launch geometry */
 
@@ -291,6 +297,44 @@ __host__ __device__ inline size_t act_bytes(int kind, int n) {
 /* Dynamic shared memory of a gemv-family launch: the activation and the
  * block-sum scratch (at least 64 floats: the argmax's flag and partials). */
 __host__ __device__ inline size_t gemv_smem(int kind, int n) { return act_bytes(kind, n) + 64 * sizeof(float); }
+
+/* gemv_kernel's ROWS_STREAM (kernels.cuh, row_stream): a tile is a row
+ * group a warp; its shared memory after the staged activation holds
+ * `stages` tiles (body rows, then meta rows) and a barrier a stage. */
+__host__ __device__ inline int gemv_tile_rows(int lanes) { return GEMV_WARPS * (32 / lanes); }
+
+struct gemv_stream_layout {
+    size_t tiles, stage_bytes, bars, total; /* offsets and sizes in bytes */
+};
+
+__host__ __device__ inline gemv_stream_layout gemv_stream_layout_of(const dmat &w, int lanes, int act, int n, int stages) {
+    gemv_stream_layout l;
+    l.tiles = (gemv_smem(act, n) + 127) & ~(size_t)127;
+    l.stage_bytes = ((size_t)gemv_tile_rows(lanes) * (size_t)(w.row_stride + w.meta_row_stride) + 127) & ~(size_t)127;
+    l.bars = l.tiles + (size_t)stages * l.stage_bytes;
+    l.total = l.bars + (size_t)stages * sizeof(uint64_t);
+    return l;
+}
+
+#define GEMV_MAX_STAGES 8
+
+/* Whether a one-segment product of w (no residual) streams its rows
+ * (row_stream), and with how many tiles in flight: those that fit in a
+ * block's `smem_optin` bytes of shared memory, at least 2 (0: it does not
+ * stream). Rows of one batch a lane (n_per_lane units: ROWS_ACT's shape)
+ * whose body and meta rows keep 16-byte alignment, w of min_bytes or
+ * more (min_bytes < 0: none). */
+inline int gemv_stream_stages(const dmat &w, int lanes, int n_per_lane, int act, size_t smem_optin, int64_t min_bytes) {
+    const int64_t bytes = (int64_t)w.rows * (w.row_stride + w.meta_row_stride);
+    if (min_bytes < 0 || bytes < min_bytes || w.units > lanes * n_per_lane || w.row_stride % 16 ||
+        w.meta_row_stride % 16 || (uintptr_t)w.body % 16 || (uintptr_t)w.meta % 16)
+        return 0;
+    const gemv_stream_layout one = gemv_stream_layout_of(w, lanes, act, w.cols, 1);
+    const size_t per = one.stage_bytes + sizeof(uint64_t);
+    if (smem_optin < one.tiles + 2 * per) return 0;
+    const size_t stages = (smem_optin - one.tiles) / per;
+    return stages > GEMV_MAX_STAGES ? GEMV_MAX_STAGES : (int)stages;
+}
 
 /* Blocks of a matrix-vector launch over `rows` rows (GEMV_WARPS * 32 /
  * lanes a block): at most one a multiprocessor for a layer's small

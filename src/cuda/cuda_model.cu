@@ -43,6 +43,14 @@ cudaError_t cuda_allow_smem_all(int bytes) {
     return e;
 }
 
+cudaError_t cuda_allow_stream_smem(void) {
+    cudaDeviceProp prop;
+    cudaError_t e = cudaGetDeviceProperties(&prop, 0);
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0] && e == cudaSuccess; i++)
+        e = formats[i]->allow_stream_smem((int)prop.sharedMemPerBlockOptin);
+    return e;
+}
+
 bool cuda_available(void) {
     static int cached = -1;
     if (cached < 0) {

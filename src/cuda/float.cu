@@ -17,8 +17,9 @@ struct fmt_f32 : smem_act<fmt_f32> {
     struct raw {
         uint4 q;
     };
+    template <class M = from_global>
     static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *, int u) {
-        return raw{ldg16(body + 16 * u)};
+        return raw{M::u4(body + 16 * u)};
     }
     static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
         const float4 x = *(const float4 *)(a.f + act_off + 4 * u);
@@ -45,8 +46,9 @@ struct fmt_half : smem_act<fmt_half<T, BF>> {
     static __device__ __forceinline__ float conv(unsigned bits) {
         return BF ? bf16_bits_to_f32(bits & 0xffff) : h2f((uint16_t)(bits & 0xffff));
     }
+    template <class M = from_global>
     static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *, int u) {
-        return raw{ldg16(body + 16 * u)};
+        return raw{M::u4(body + 16 * u)};
     }
     static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
         const float4 x0 = *(const float4 *)(a.f + act_off + 8 * u), x1 = *(const float4 *)(a.f + act_off + 8 * u + 4);

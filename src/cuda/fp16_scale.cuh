@@ -25,10 +25,11 @@ struct fp16_scale_block {
         uint4 q;
         unsigned d;
     };
+    template <class M = from_global>
     static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *meta, int u) {
         raw r;
-        r.q = ldg16(body + 16 * u);
-        r.d = ldg_u16(meta + 2 * (u / UNITS));
+        r.q = M::u4(body + 16 * u);
+        r.d = M::u16(meta + 2 * (u / UNITS));
         return r;
     }
 };

@@ -506,12 +506,12 @@ __device__ __forceinline__ prep_batch<F> prepare_batch(const unit_batch<F> &b, i
     return p;
 }
 
-template <class F, int NB = F::N>
+template <class F, int NB = F::N, class M = from_global>
 __device__ __forceinline__ void load_batch(unit_batch<F> &b, const uint8_t *body, const uint8_t *meta, int U, int u0,
                                            int L) {
 #pragma unroll
     for (int k = 0; k < NB; k++)
-        if (u0 + k * L < U) b.r[k] = F::load(body, meta, u0 + k * L);
+        if (u0 + k * L < U) b.r[k] = F::template load<M>(body, meta, u0 + k * L);
 }
 
 template <class F, int NB = F::N, class R>
@@ -801,16 +801,77 @@ struct row_ahead {
  * only the code of its own way: ROWS_AHEAD, one batch a row and a few rows
  * a warp, the next row's batch loaded before this one is multiplied (the
  * layers' projections); ROWS_ACT, one batch a row and many rows, the
- * activation in registers (the output head); ROWS_LOOP, rows of several
- * batches. */
-enum { ROWS_AHEAD, ROWS_ACT, ROWS_LOOP };
+ * activation in registers; ROWS_STREAM, the same with the rows streamed
+ * through shared memory (row_stream: the output head); ROWS_LOOP, rows of
+ * several batches. */
+enum { ROWS_AHEAD, ROWS_ACT, ROWS_STREAM, ROWS_LOOP };
 
 template <class F>
-inline int gemv_rows(int units, int lanes, int total, int grid) {
+inline int gemv_rows(int units, int lanes, int total, int grid, int stages) {
     const int stride = grid * GEMV_WARPS * (32 / lanes);
+    if (stages > 0) return ROWS_STREAM; /* gemv_stream_stages' shapes take one batch a row */
     if (row_ahead<F>::value && units <= lanes * F::N && total <= FEW_ROWS * stride) return ROWS_AHEAD;
     return units <= lanes * F::N ? ROWS_ACT : ROWS_LOOP;
 }
+
+/* ROWS_STREAM: a block's rows, a run of whole tiles of a row group a warp
+ * (gemv_tile_rows), arrive in shared memory by bulk copies, `stages` tiles
+ * in flight: thread 0 issues the first stages - 1 before the kernel's
+ * wait and the next one as each tile is done. A multiprocessor then keeps
+ * 100 KB or more of the matrix in flight, where registers held a row or
+ * two a warp (bench/decode-plan.md, fact 73). Layout after the staged
+ * activation (gemv_stream_layout_of): stages x (body rows, then meta
+ * rows), then a transaction barrier a stage. */
+struct row_stream {
+    const dmat *w;
+    uint8_t *tiles;
+    uint64_t *bars;
+    int rows_per_tile, stages, stage_bytes, total, first, n; /* this block's tiles first .. first + n */
+
+    /* The barriers initialised and the first tiles' copies issued, by
+     * thread 0; act: the activation's kind (ACT_*), staged before the
+     * tiles. */
+    __device__ __forceinline__ row_stream(const gemv_args &a, uint8_t *smem, int act)
+        : w(&a.seg[0].w), rows_per_tile(gemv_tile_rows(a.lanes)), stages(a.stages), total(a.seg_end[0]) {
+        const gemv_stream_layout l = gemv_stream_layout_of(*w, a.lanes, act, a.in.n, stages);
+        tiles = smem + l.tiles, bars = (uint64_t *)(smem + l.bars), stage_bytes = (int)l.stage_bytes;
+        const int all = (total + rows_per_tile - 1) / rows_per_tile;
+        first = (int)((int64_t)all * blockIdx.x / gridDim.x);
+        n = (int)((int64_t)all * (blockIdx.x + 1) / gridDim.x) - first;
+        if (threadIdx.x == 0) {
+            for (int s = 0; s < stages; s++) mbar_init(&bars[s]);
+            for (int i = 0; i < stages - 1 && i < n; i++) issue(i);
+        }
+    }
+    /* thread 0: the copies of this block's tile i into its stage */
+    __device__ __forceinline__ void issue(int i) {
+        const int r0 = (first + i) * rows_per_tile, rows = min(rows_per_tile, total - r0), s = i % stages;
+        const unsigned body_bytes = (unsigned)(rows * w->row_stride), meta_bytes = (unsigned)(rows * w->meta_row_stride);
+        mbar_expect(&bars[s], body_bytes + meta_bytes);
+        bulk_copy(body(i, 0), w->body + (int64_t)r0 * w->row_stride, body_bytes, &bars[s]);
+        if (meta_bytes) bulk_copy(meta(i, 0), w->meta + (int64_t)r0 * w->meta_row_stride, meta_bytes, &bars[s]);
+    }
+    /* Tile i once it has landed: its first row. Every thread calls it, in
+     * order; the stage tile i - 1 used is refilled here, after the block
+     * barrier that ended that tile (tile_done). */
+    __device__ __forceinline__ int wait(int i) {
+        if (threadIdx.x == 0 && i + stages - 1 < n) issue(i + stages - 1);
+        mbar_wait(&bars[i % stages], (unsigned)(i / stages) & 1u);
+        return (first + i) * rows_per_tile;
+    }
+    /* the body and meta of row r of tile i */
+    __device__ __forceinline__ uint8_t *body(int i, int r) const {
+        return tiles + (size_t)(i % stages) * stage_bytes + (size_t)r * w->row_stride;
+    }
+    __device__ __forceinline__ uint8_t *meta(int i, int r) const {
+        return tiles + (size_t)(i % stages) * stage_bytes + (size_t)rows_per_tile * w->row_stride +
+               (size_t)r * w->meta_row_stride;
+    }
+    __device__ __forceinline__ void tile_done() const { __syncthreads(); }
+};
+
+/* What kernels that do not stream hold in its place. */
+struct no_stream {};
 
 /* EPI is the launch's epilogue (EPI_NONE, EPI_ARGMAX), a template
  * parameter so that the plain products carry no argmax code: a kernel's
@@ -851,7 +912,12 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     };
     const int U = a.seg[0].w.units; /* every segment multiplies the same input */
     unit_batch<F> first, second;
-    load_row(start + grp, first);
+    /* ROWS_STREAM: the first tiles' copies issued */
+    auto stream = [&] {
+        if constexpr (ROWS == ROWS_STREAM) return row_stream(a, smem, F::ACT);
+        else return no_stream{};
+    }();
+    if constexpr (ROWS != ROWS_STREAM) load_row(start + grp, first);
     /* ROWS_AHEAD: a warp's second row too (q|k|v: a fifth of the warps
      * have one, and loaded after the wait it was the launch's tail), and
      * both prepared before the wait */
@@ -915,6 +981,21 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
             finish_row(row, row < total ? dot_batch<F>(b, U, sub, L, av, 0) : 0.0f, 0.0f, false);
             b = next;
             load_row(row + 2 * stride, next);
+        }
+    } else if constexpr (ROWS == ROWS_STREAM) {
+        act_batch<F> x;
+        load_acts<F>(x, av, 0, U, sub, L);
+        const int r = warp * G + grp; /* this lane's row of each tile */
+        for (int i = 0; i < stream.n; i++) {
+            const int row = stream.wait(i) + r;
+            float acc = 0.0f;
+            if (row < total) {
+                unit_batch<F> b;
+                load_batch<F, F::N, from_shared>(b, stream.body(i, r), stream.meta(i, r), U, sub, L);
+                acc = dot_batch_act<F>(b, x, U, sub, L, av);
+            }
+            finish_row(row, acc, 0.0f, false);
+            stream.tile_done();
         }
     } else if constexpr (ROWS == ROWS_ACT) {
         act_batch<F> x;
@@ -1182,9 +1263,10 @@ __global__ void embed_kernel(const dmat m, const int *step, float *x) {
  * launch's shape (gemv_rows, ffn_up's ACT_REGS and SHARED, ffn_down's SHARED). */
 template <class F, int EPI>
 static void launch_gemv_as(const gemv_args *a, int grid, size_t smem, cudaStream_t st, bool pdl) {
-    const int rows = gemv_rows<F>(a->seg[0].w.units, a->lanes, a->seg_end[a->n_seg - 1], grid);
+    const int rows = gemv_rows<F>(a->seg[0].w.units, a->lanes, a->seg_end[a->n_seg - 1], grid, a->stages);
     if (rows == ROWS_AHEAD) LAUNCH_PDL(pdl, (gemv_kernel<F, EPI, ROWS_AHEAD>), grid, GEMV_THREADS, smem, st, *a);
     else if (rows == ROWS_ACT) LAUNCH_PDL(pdl, (gemv_kernel<F, EPI, ROWS_ACT>), grid, GEMV_THREADS, smem, st, *a);
+    else if (rows == ROWS_STREAM) LAUNCH_PDL(pdl, (gemv_kernel<F, EPI, ROWS_STREAM>), grid, GEMV_THREADS, smem, st, *a);
     else LAUNCH_PDL(pdl, (gemv_kernel<F, EPI, ROWS_LOOP>), grid, GEMV_THREADS, smem, st, *a);
 }
 
@@ -1237,6 +1319,12 @@ static cudaError_t allow_smem_of(K kernel, int bytes, cudaError_t e) {
 }
 
 template <class F>
+static cudaError_t format_allow_stream_smem(int bytes) {
+    cudaError_t e = allow_smem_of(gemv_kernel<F, EPI_NONE, ROWS_STREAM>, bytes, cudaSuccess);
+    return allow_smem_of(gemv_kernel<F, EPI_ARGMAX, ROWS_STREAM>, bytes, e);
+}
+
+template <class F>
 static cudaError_t format_allow_smem(int bytes) {
     cudaError_t e = cudaSuccess;
     e = allow_smem_of(gemv_kernel<F, EPI_NONE, ROWS_AHEAD>, bytes, e);
@@ -1261,7 +1349,7 @@ static cudaError_t format_allow_smem(int bytes) {
     extern const cuda_format cuda_format_##ident = {                                                            \
         F::TYPE,          #ident,         F::BLOCK,        F::BODY,         F::META,                 F::UNITS,  \
         F::ACT,           F::N,           F::repack,       launch_gemv<F>,  launch_up<F>,            launch_down<F>, \
-        launch_embed<F>,  format_occupancy<F>, format_allow_smem<F>, launch_dequant<F>, \
+        launch_embed<F>,  format_occupancy<F>, format_allow_smem<F>, format_allow_stream_smem<F>, launch_dequant<F>, \
         launch_expert_products<F>, expert_products_from_codes<F>, moe_ffn_of<F>()};
 
 #endif

@@ -154,6 +154,22 @@ __global__ void __launch_bounds__(GEMV_THREADS) read_gemv_kernel(const dmat m, c
     if (acc == LAB_SENTINEL) *p.sink = acc;
 }
 
+/* gemv_kernel's streamed rows (ROWS_STREAM): the same bulk copies, tile
+ * by tile, and a word of each row folded. */
+__global__ void __launch_bounds__(GEMV_THREADS) read_stream_kernel(const gemv_args a, int act, unsigned *sink) {
+    DYN_SMEM(uint8_t, smem);
+    row_stream stream(a, smem, act);
+    __syncthreads(); /* the stages' barriers initialised */
+    const int r = threadIdx.x % stream.rows_per_tile;
+    unsigned acc = 0;
+    for (int i = 0; i < stream.n; i++) {
+        const int row = stream.wait(i) + r;
+        if (row < stream.total) acc ^= *(const unsigned *)stream.body(i, r);
+        stream.tile_done();
+    }
+    if (acc == LAB_SENTINEL) *sink = acc;
+}
+
 /* ffn_up_kernel's walk: row j * R + r is row r of the gate and up of expert ids[j]. */
 template <int D>
 __global__ void __launch_bounds__(GEMV_THREADS) read_up_kernel(const dmat gate, const dmat up, const int *ids,
@@ -221,6 +237,7 @@ static void with_depth(const read_plan &p, Launch launch) {
 /* What one measurement needs; lab_close releases all of it. */
 struct lab_ctx {
     int n_sm;
+    size_t smem_optin;
     cudaStream_t stream;
     cudaEvent_t start, stop;
     unsigned *sink;
@@ -244,6 +261,7 @@ static moe_status lab_open(lab_ctx *c, moe_error *err) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     c->n_sm = prop.multiProcessorCount;
+    c->smem_optin = prop.sharedMemPerBlockOptin;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreate(&c->start));
     CUDA_CHECK(cudaEventCreate(&c->stop));
@@ -425,7 +443,7 @@ static moe_status check_reps(int reps, moe_error *err) {
 
 /* ---------------------------------------------------------------- gemv */
 
-static moe_status lab_gemv(lab_ctx *c, const cuda_format *f, int rows, int cols, const void *w, int reps,
+static moe_status lab_gemv(lab_ctx *c, const cuda_format *f, int rows, int cols, const void *w, int reps, bool stream,
                            cuda_lab_timing *out) {
     moe_error *err = c->err;
     const host_mat hm = {f->type, 1, rows, cols, (const uint8_t *)w};
@@ -445,25 +463,37 @@ static moe_status lab_gemv(lab_ctx *c, const cuda_format *f, int rows, int cols,
     a.seg_end[0] = rows;
     a.lanes = pick_lanes(m.units, f->n);
     a.epilogue = EPI_NONE;
-    const size_t smem = gemv_smem(f->act, cols);
-    CUDA_CHECK(cuda_allow_smem_all(smem > 48 * 1024 ? (int)smem : 48 * 1024));
-    const int grid = grid_for(c, f, KERNEL_GEMV, smem, rows, a.lanes);
+    size_t smem = gemv_smem(f->act, cols);
+    int grid = grid_for(c, f, KERNEL_GEMV, smem, rows, a.lanes);
+    /* the rows streamed as cuda_forward.cu's gemv() streams them */
+    a.stages = stream ? gemv_stream_stages(m, a.lanes, f->n, f->act, c->smem_optin, 0) : 0;
+    if (stream && !a.stages) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "lab: %s rows cannot stream", f->name);
+    if (a.stages) {
+        const int tiles = (rows + gemv_tile_rows(a.lanes) - 1) / gemv_tile_rows(a.lanes);
+        smem = gemv_stream_layout_of(m, a.lanes, f->act, cols, a.stages).total;
+        grid = tiles < c->n_sm ? tiles : c->n_sm;
+        CUDA_CHECK(cudaFuncSetAttribute(read_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    }
+    CUDA_CHECK(a.stages ? cuda_allow_stream_smem() : cuda_allow_smem_all(smem > 48 * 1024 ? (int)smem : 48 * 1024));
     const read_plan p = plan_for(f, m, a.lanes, f->n, c->sink);
     describe(out, f, KERNEL_GEMV, smem, grid, a.lanes, p, wc, dmat_bytes(m));
+    out->stages = a.stages;
     st = time_batches(c, out->batch, reps, [&](int i) {
         a.seg[0].w = on_copy(m, wc, i % wc.n);
         f->gemv(&a, grid, smem, c->stream, false);
     }, &out->us);
     if (st != MOE_OK) return st;
     return time_batches(c, out->batch, reps, [&](int i) {
-        with_depth(p, [&](auto d) {
-            LAUNCH_PDL(false, read_gemv_kernel<decltype(d)::value>, grid, GEMV_THREADS, 0, c->stream,
-                       on_copy(m, wc, i % wc.n), p);
-        });
+        a.seg[0].w = on_copy(m, wc, i % wc.n);
+        if (a.stages) LAUNCH_PDL(false, read_stream_kernel, grid, GEMV_THREADS, smem, c->stream, a, f->act, c->sink);
+        else
+            with_depth(p, [&](auto d) {
+                LAUNCH_PDL(false, read_gemv_kernel<decltype(d)::value>, grid, GEMV_THREADS, 0, c->stream, a.seg[0].w, p);
+            });
     }, &out->read_us);
 }
 
-moe_status cuda_lab_gemv(moe_type type, int rows, int cols, const void *w, int reps, cuda_lab_timing *out,
+moe_status cuda_lab_gemv(moe_type type, int rows, int cols, const void *w, int reps, bool stream, cuda_lab_timing *out,
                          moe_error *err) {
     memset(out, 0, sizeof *out);
     const cuda_format *f = cuda_format_of(type);
@@ -471,7 +501,7 @@ moe_status cuda_lab_gemv(moe_type type, int rows, int cols, const void *w, int r
     if (check_reps(reps, err) != MOE_OK) return MOE_ERR_RANGE;
     lab_ctx c;
     moe_status st = lab_open(&c, err);
-    if (st == MOE_OK) st = lab_gemv(&c, f, rows, cols, w, reps, out);
+    if (st == MOE_OK) st = lab_gemv(&c, f, rows, cols, w, reps, stream, out);
     lab_close(&c);
     return st;
 }

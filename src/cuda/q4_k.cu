@@ -25,11 +25,12 @@ struct fmt_q4_k {
     struct raw {
         uint4 q, h;
     };
+    template <class M = from_global>
     static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *, int u) {
         const uint8_t *blk = body + (u >> 3) * BODY;
         raw r;
-        r.q = ldg16(blk + 16 + 16 * (u & 7));
-        r.h = ldg16(blk);
+        r.q = M::u4(blk + 16 + 16 * (u & 7));
+        r.h = M::u4(blk);
         return r;
     }
     /* The unit with the scales of its group g decoded (unit_prep): what a

@@ -28,10 +28,11 @@ struct fmt_q5_0 : smem_act<fmt_q5_0> {
         uint4 q;
         uint2 m;
     };
+    template <class M = from_global>
     static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *meta, int u) {
         raw r;
-        r.q = ldg16(body + 16 * u);
-        r.m = ldg8(meta + 8 * u);
+        r.q = M::u4(body + 16 * u);
+        r.m = M::u8(meta + 8 * u);
         return r;
     }
     /* bits 0..3 of b to bit 4 of bytes 0..3 */

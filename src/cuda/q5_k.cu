@@ -19,12 +19,13 @@ struct fmt_q5_k {
     struct raw {
         uint4 q, qh, h;
     };
+    template <class M = from_global>
     static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *, int u) {
         const uint8_t *blk = body + (u >> 3) * BODY;
         raw r;
-        r.q = ldg16(blk + 48 + 16 * (u & 7));
-        r.qh = ldg16(blk + 16 + 16 * (u & 1));
-        r.h = ldg16(blk);
+        r.q = M::u4(blk + 48 + 16 * (u & 7));
+        r.qh = M::u4(blk + 16 + 16 * (u & 1));
+        r.h = M::u4(blk);
         return r;
     }
     /* codes of the unit's 16 low-nibble and 16 high-nibble weights, 4 per word */

@@ -12,8 +12,8 @@
  * nibbles of the first chunk (k = 0) and of the second (k = 1), high
  * nibbles of the first (k = 2) and the second (k = 3), bits 2k..2k+1 of qh
  * on top. Each k is 16 weights of one sub-block j = 8hf + 2k + l0/16 with
- * its signed 8-bit scale from the scales chunk. Codes minus 32 with
- * __vsub4, then dp4a against Q8_K:  d * d8 * sum_k sc_j * dot_k.
+ * its signed 8-bit scale from the scales chunk. dp4a of the codes against
+ * Q8_K less 32 times the 16 activations' sum:  d * d8 * sum_k sc_j * dot_k.
  * 4 loads + a 2-byte meta load per unit, 2 units per lane in flight.
  */
 #include "cuda/kernels.cuh"
@@ -31,15 +31,16 @@ struct fmt_q6_k : smem_act<fmt_q6_k> {
         uint4 a, b, h, s;
         unsigned d;
     };
+    template <class M = from_global>
     static __device__ __forceinline__ raw load(const uint8_t *body, const uint8_t *meta, int u) {
         const int blk = u >> 2, t = u & 3, hf = t >> 1, l0 = (t & 1) * 16;
         const uint8_t *p = body + blk * BODY;
         raw r;
-        r.a = ldg16(p + 64 * hf + l0);
-        r.b = ldg16(p + 64 * hf + 32 + l0);
-        r.h = ldg16(p + 128 + 32 * hf + l0);
-        r.s = ldg16(p + 192);
-        r.d = ldg_u16(meta + 2 * blk);
+        r.a = M::u4(p + 64 * hf + l0);
+        r.b = M::u4(p + 64 * hf + 32 + l0);
+        r.h = M::u4(p + 128 + 32 * hf + l0);
+        r.s = M::u4(p + 192);
+        r.d = M::u16(meta + 2 * blk);
         return r;
     }
     /* the 16 codes (0..63) of weights 128hf + 32k + l0 + i, 4 per word */
@@ -69,9 +70,12 @@ struct fmt_q6_k : smem_act<fmt_q6_k> {
             codes(r, k, q);
             const int4 av = *(const int4 *)(a.q + e0 + 32 * k);
             const int ai[4] = {av.x, av.y, av.z, av.w};
-            int dk = 0;
+            /* (q - 32) . a as q . a - 32 sum(a): the 16 codes' sum is staged
+             * (Q8_K's s16), and the per-byte subtraction was three of a
+             * word's six instructions (the head is bound by them) */
+            int dk = -32 * (int)a.s16[(e0 + 32 * k) >> 4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) dk = __dp4a((int)__vsub4(q[i], 0x20202020u), ai[i], dk);
+            for (int i = 0; i < 4; i++) dk = __dp4a((int)q[i], ai[i], dk);
             sum += scale(r, hf, k, l0 >> 4) * dk;
         }
         return h2f((uint16_t)r.d) * a.d[(act_off + blk * 256) >> 8] * (float)sum;
