@@ -84,7 +84,7 @@ struct gemv_args {
     int n_seg;
     int seg_end[MAX_SEGS]; /* cumulative rows */
     int lanes;             /* lanes per row, a power of two <= 32 */
-    int stages;            /* > 0: the rows streamed through shared memory, this many tiles (gemv_stream_plan) */
+    int stages;            /* > 0: the rows streamed through shared memory, this many tiles (gemv_stream_stages) */
     int epilogue;
     unsigned *counter; /* the argmax's last-block ticket */
     /* argmax */
