@@ -80,20 +80,6 @@ static int grid_for(const cuda_state *s, const cuda_format *f, int kernel, size_
     return gemv_grid(s->g->n_sm, f->occupancy(kernel, smem), rows, lanes, s->max_grid);
 }
 
-/* gemv_stream_stages for w with this state's threshold; when it streams,
- * the launch's shared memory and grid (a block a multiprocessor, the
- * tiles split evenly). */
-static int stream_plan(const cuda_state *s, const cuda_format *f, const dmat *w, int lanes, size_t *smem, int *grid) {
-    const long long min = s->opt.gemv_stream_min > 0 ? s->opt.gemv_stream_min : -1;
-    const int stages = gemv_stream_stages(*w, lanes, f->n, f->act, s->g->smem_optin, min);
-    if (stages) {
-        const int tiles = (w->rows + gemv_tile_rows(lanes) - 1) / gemv_tile_rows(lanes);
-        *smem = gemv_stream_layout_of(*w, lanes, f->act, w->cols, stages).total;
-        *grid = tiles < s->g->n_sm ? tiles : s->g->n_sm;
-    }
-    return stages;
-}
-
 typedef struct gemv_out {
     const dmat *w;
     float *out;
@@ -146,9 +132,13 @@ static void gemv(cuda_state *s, act_in in, const gemv_out *outs, int n, bool acc
             cuda_router(&a, s->stream, s->opt.pdl);
             continue;
         }
+        /* one matrix without a residual may stream, at this state's threshold */
+        const long long min = a.n_seg == 1 && !accumulate && s->opt.gemv_stream_min > 0 ? s->opt.gemv_stream_min : -1;
+        a.stages = gemv_stream_stages(a.seg[0].w, a.lanes, f->n, f->act, s->g->smem_optin, min);
         size_t smem = gemv_smem(f->act, in.n);
-        int grid = grid_for(s, f, 0, smem, rows, a.lanes);
-        if (a.n_seg == 1 && !accumulate) a.stages = stream_plan(s, f, &a.seg[0].w, a.lanes, &smem, &grid);
+        int grid;
+        if (a.stages) gemv_stream_launch(a.seg[0].w, a.lanes, f->act, a.stages, s->g->n_sm, &smem, &grid);
+        else grid = grid_for(s, f, 0, smem, rows, a.lanes);
         f->gemv(&a, grid, smem, s->stream, s->opt.pdl);
     }
 }
@@ -848,8 +838,8 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
                              "the model's activations need %zu bytes of shared memory per block, the GPU has %zu", smem,
                              g->smem_optin);
     }
-    if ((e = cuda_allow_smem_all((int)smem)) == cudaSuccess && (e = cuda_allow_stream_smem()) == cudaSuccess &&
-        (e = cudaMalloc(&s->mem, need)) == cudaSuccess)
+    if ((e = cuda_allow_smem_all((int)smem)) == cudaSuccess && (e = cuda_allow_stream_smem(g->smem_optin)) == cudaSuccess
+        && (e = cudaMalloc(&s->mem, need)) == cudaSuccess)
         e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = cudaEventCreate(&s->ev[0]);
     if (e == cudaSuccess) e = cudaEventCreate(&s->ev[1]);

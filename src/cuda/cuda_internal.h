@@ -279,9 +279,9 @@ const float *upload_vec(uploader *u, const vec *v);
 /* Raise the dynamic shared memory limit of every kernel to `bytes`. */
 cudaError_t cuda_allow_smem_all(int bytes);
 /* The same for the launches that stream their rows through shared memory
- * (gemv_stream_stages), to all a block may have: they alone may ask for
- * it (kernels with static shared memory could not). */
-cudaError_t cuda_allow_stream_smem(void);
+ * (gemv_stream_stages), to all a block may have (smem_optin): they alone
+ * may ask for it (kernels with static shared memory could not). */
+cudaError_t cuda_allow_stream_smem(size_t smem_optin);
 
 /* ---------------------------------------------------------------- launch geometry */
 
@@ -334,6 +334,14 @@ inline int gemv_stream_stages(const dmat &w, int lanes, int n_per_lane, int act,
     if (smem_optin < one.tiles + 2 * per) return 0;
     const size_t stages = (smem_optin - one.tiles) / per;
     return stages > GEMV_MAX_STAGES ? GEMV_MAX_STAGES : (int)stages;
+}
+
+/* A streamed product's launch: its shared memory, and a block a
+ * multiprocessor (fewer for fewer tiles), the tiles split evenly. */
+inline void gemv_stream_launch(const dmat &w, int lanes, int act, int stages, int n_sm, size_t *smem, int *grid) {
+    const int tiles = (w.rows + gemv_tile_rows(lanes) - 1) / gemv_tile_rows(lanes);
+    *smem = gemv_stream_layout_of(w, lanes, act, w.cols, stages).total;
+    *grid = tiles < n_sm ? tiles : n_sm;
 }
 
 /* Blocks of a matrix-vector launch over `rows` rows (GEMV_WARPS * 32 /

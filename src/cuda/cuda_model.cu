@@ -43,11 +43,10 @@ cudaError_t cuda_allow_smem_all(int bytes) {
     return e;
 }
 
-cudaError_t cuda_allow_stream_smem(void) {
-    cudaDeviceProp prop;
-    cudaError_t e = cudaGetDeviceProperties(&prop, 0);
+cudaError_t cuda_allow_stream_smem(size_t smem_optin) {
+    cudaError_t e = cudaSuccess;
     for (size_t i = 0; i < sizeof formats / sizeof formats[0] && e == cudaSuccess; i++)
-        e = formats[i]->allow_stream_smem((int)prop.sharedMemPerBlockOptin);
+        e = formats[i]->allow_stream_smem((int)smem_optin);
     return e;
 }
 

@@ -137,9 +137,15 @@ bool cuda_test_expert_codes(moe_type type) {
 
 bool cuda_test_gemv_streams(moe_type type, int cols) {
     const cuda_format *f = cuda_format_of(type);
-    if (!f || cols % f->block) return false;
-    const int blocks = cols / f->block, units = blocks * f->units;
-    return units <= pick_lanes(units, f->n) * f->n && blocks * f->meta % 16 == 0;
+    cudaDeviceProp prop;
+    if (!f || cols % f->block || cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+    /* the rows' layout as the upload makes it (cuda_model.cu), at an aligned address */
+    const int blocks = cols / f->block;
+    dmat w;
+    memset(&w, 0, sizeof w);
+    w.rows = 1, w.cols = cols, w.units = blocks * f->units;
+    w.row_stride = (int64_t)align16((size_t)blocks * f->body), w.meta_row_stride = (int64_t)blocks * f->meta;
+    return gemv_stream_stages(w, pick_lanes(w.units, f->n), f->n, f->act, prop.sharedMemPerBlockOptin, 0) > 0;
 }
 
 moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, const float *x, float *y, bool stream,
@@ -165,18 +171,20 @@ moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, cons
         a.lanes = pick_lanes(m.units, f->n);
         size_t smem = gemv_smem(f->act, cols);
         int grid = test_grid(f, 0, smem, rows, a.lanes);
+        size_t optin = 0;
         if (stream) {
             /* the rows through shared memory: every shape that can, on one
              * block a multiprocessor or fewer (a block of several tiles) */
             cudaDeviceProp prop;
             cudaGetDeviceProperties(&prop, 0);
-            a.stages = gemv_stream_stages(m, a.lanes, f->n, f->act, prop.sharedMemPerBlockOptin, 1);
+            optin = prop.sharedMemPerBlockOptin;
+            a.stages = gemv_stream_stages(m, a.lanes, f->n, f->act, optin, 1);
             smem = gemv_stream_layout_of(m, a.lanes, f->act, cols, a.stages).total;
             grid = (rows + 3 * gemv_tile_rows(a.lanes) - 1) / (3 * gemv_tile_rows(a.lanes));
         }
         cudaError_t e = cudaMemcpy(dx, x, (size_t)cols * 4, cudaMemcpyHostToDevice);
         if (e == cudaSuccess) e = cudaMemset(dy, 0xff, (size_t)rows * 4);
-        if (e == cudaSuccess && stream) e = a.stages ? cuda_allow_stream_smem() : cudaErrorInvalidValue;
+        if (e == cudaSuccess && stream) e = a.stages ? cuda_allow_stream_smem(optin) : cudaErrorInvalidValue;
         else if (e == cudaSuccess) e = cuda_allow_smem_all((int)smem > 48 * 1024 ? (int)smem : 48 * 1024);
         if (e == cudaSuccess) {
             f->gemv(&a, grid, smem, 0, false);
@@ -252,7 +260,6 @@ moe_status cuda_test_experts(const cuda_test_expert_io *io, moe_error *err) {
         ua.h_shared_off = k * n_ff;
         ua.lanes = up_lanes(f, m[0].units, io->lanes_shift);
         size_t su = gemv_smem(f->act, n_embd);
-
         ffn_down_args da;
         memset(&da, 0, sizeof da);
         da.in = act_in{dh, NULL, 0.0f, k * n_ff};

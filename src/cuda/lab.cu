@@ -464,17 +464,18 @@ static moe_status lab_gemv(lab_ctx *c, const cuda_format *f, int rows, int cols,
     a.lanes = pick_lanes(m.units, f->n);
     a.epilogue = EPI_NONE;
     size_t smem = gemv_smem(f->act, cols);
-    int grid = grid_for(c, f, KERNEL_GEMV, smem, rows, a.lanes);
+    int grid;
     /* the rows streamed as cuda_forward.cu's gemv() streams them */
     a.stages = stream ? gemv_stream_stages(m, a.lanes, f->n, f->act, c->smem_optin, 0) : 0;
     if (stream && !a.stages) return moe_error_set(err, MOE_ERR_UNSUPPORTED, "lab: %s rows cannot stream", f->name);
     if (a.stages) {
-        const int tiles = (rows + gemv_tile_rows(a.lanes) - 1) / gemv_tile_rows(a.lanes);
-        smem = gemv_stream_layout_of(m, a.lanes, f->act, cols, a.stages).total;
-        grid = tiles < c->n_sm ? tiles : c->n_sm;
+        gemv_stream_launch(m, a.lanes, f->act, a.stages, c->n_sm, &smem, &grid);
         CUDA_CHECK(cudaFuncSetAttribute(read_stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cuda_allow_stream_smem(c->smem_optin));
+    } else {
+        grid = grid_for(c, f, KERNEL_GEMV, smem, rows, a.lanes);
+        CUDA_CHECK(cuda_allow_smem_all(smem > 48 * 1024 ? (int)smem : 48 * 1024));
     }
-    CUDA_CHECK(a.stages ? cuda_allow_stream_smem() : cuda_allow_smem_all(smem > 48 * 1024 ? (int)smem : 48 * 1024));
     const read_plan p = plan_for(f, m, a.lanes, f->n, c->sink);
     describe(out, f, KERNEL_GEMV, smem, grid, a.lanes, p, wc, dmat_bytes(m));
     out->stages = a.stages;
