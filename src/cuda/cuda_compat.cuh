@@ -125,18 +125,48 @@ static inline uint64_t add_acq_rel_gpu64(uint64_t *p, uint64_t v) { return __ato
 static inline uint64_t load_acquire_gpu64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 /* A spinning thread lets the others run (fibers switch only when asked). */
 static inline void spin_pause(void) { sim_yield(); }
-/* Bulk copies complete at once; the transaction barrier only counts. */
-static inline void mbar_init(uint64_t *bar) { *bar = 0; }
-static inline void mbar_expect(uint64_t *bar, unsigned bytes) { *bar += bytes; }
+/* Bulk copies complete at once. A barrier's 64 bits hold what the
+ * hardware's does: the bytes still to land, the arrivals still due, the
+ * arrivals a phase, and the phases completed (their parity is what a wait
+ * asks for). A wait on a phase that cannot complete (bytes announced and
+ * never copied) aborts; one that waits for other threads' arrivals lets
+ * them run. */
+struct sim_mbar {
+    int32_t tx;
+    uint8_t due, count;
+    uint16_t phases;
+};
+static_assert(sizeof(sim_mbar) == sizeof(uint64_t), "a barrier is 64 bits");
+static inline sim_mbar *sim_mbar_of(uint64_t *bar) { return (sim_mbar *)bar; }
+static inline void sim_mbar_settle(sim_mbar *m) {
+    if (m->due == 0 && m->tx == 0) m->phases++, m->due = m->count;
+}
+static inline void mbar_init(uint64_t *bar, unsigned count = 1) { *sim_mbar_of(bar) = sim_mbar{0, (uint8_t)count, (uint8_t)count, 0}; }
+static inline void mbar_arrive(uint64_t *bar) {
+    sim_mbar *m = sim_mbar_of(bar);
+    m->due--;
+    sim_mbar_settle(m);
+}
+static inline void mbar_expect(uint64_t *bar, unsigned bytes) {
+    sim_mbar *m = sim_mbar_of(bar);
+    m->tx += (int32_t)bytes;
+    m->due--;
+    sim_mbar_settle(m);
+}
 static inline void bulk_copy(void *smem, const void *gmem, unsigned bytes, uint64_t *bar) {
     memcpy(smem, gmem, bytes);
-    *bar -= bytes;
+    sim_mbar *m = sim_mbar_of(bar);
+    m->tx -= (int32_t)bytes;
+    sim_mbar_settle(m);
 }
 static inline void mbar_wait(uint64_t *bar, unsigned parity = 0) {
-    (void)parity;
-    if (*bar != 0) {
-        fprintf(stderr, "cuda_sim: %llu bytes of a transaction barrier never copied\n", (unsigned long long)*bar);
-        abort();
+    const sim_mbar *m = sim_mbar_of(bar);
+    while ((m->phases & 1u) == parity) {
+        if (m->tx != 0) {
+            fprintf(stderr, "cuda_sim: %d bytes of a transaction barrier never copied\n", (int)m->tx);
+            abort();
+        }
+        sim_yield();
     }
 }
 #else
@@ -218,10 +248,16 @@ __device__ __forceinline__ void spin_pause(void) {}
  * every thread that reads the copies waits (mbar_wait). A barrier used
  * again waits for the parity of its use: 0, 1, 0, ... Addresses and
  * sizes: multiples of 16. */
-__device__ __forceinline__ void mbar_init(uint64_t *bar) {
+__device__ __forceinline__ void mbar_init(uint64_t *bar, unsigned count = 1) {
     const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(b), "r"(count) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+/* One of the `count` arrivals a phase of a barrier without transactions
+ * waits for (a consumer done with what the phase guarded). */
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(b) : "memory");
 }
 __device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes) {
     const unsigned b = (unsigned)__cvta_generic_to_shared(bar);

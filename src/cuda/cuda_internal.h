@@ -300,7 +300,7 @@ __host__ __device__ inline size_t gemv_smem(int kind, int n) { return act_bytes(
 
 /* gemv_kernel's ROWS_STREAM (kernels.cuh, row_stream): a tile is a row
  * group a warp; its shared memory after the staged activation holds
- * `stages` tiles (body rows, then meta rows) and a barrier a stage. */
+ * `stages` tiles (body rows, then meta rows) and two barriers a stage. */
 __host__ __device__ inline int gemv_tile_rows(int lanes) { return GEMV_WARPS * (32 / lanes); }
 
 struct gemv_stream_layout {
@@ -312,7 +312,7 @@ __host__ __device__ inline gemv_stream_layout gemv_stream_layout_of(const dmat &
     l.tiles = (gemv_smem(act, n) + 127) & ~(size_t)127;
     l.stage_bytes = ((size_t)gemv_tile_rows(lanes) * (size_t)(w.row_stride + w.meta_row_stride) + 127) & ~(size_t)127;
     l.bars = l.tiles + (size_t)stages * l.stage_bytes;
-    l.total = l.bars + (size_t)stages * sizeof(uint64_t);
+    l.total = l.bars + (size_t)stages * 2 * sizeof(uint64_t);
     return l;
 }
 
@@ -330,7 +330,7 @@ inline int gemv_stream_stages(const dmat &w, int lanes, int n_per_lane, int act,
         w.meta_row_stride % 16 || (uintptr_t)w.body % 16 || (uintptr_t)w.meta % 16)
         return 0;
     const gemv_stream_layout one = gemv_stream_layout_of(w, lanes, act, w.cols, 1);
-    const size_t per = one.stage_bytes + sizeof(uint64_t);
+    const size_t per = one.stage_bytes + 2 * sizeof(uint64_t);
     if (smem_optin < one.tiles + 2 * per) return 0;
     const size_t stages = (smem_optin - one.tiles) / per;
     return stages > GEMV_MAX_STAGES ? GEMV_MAX_STAGES : (int)stages;

@@ -23,7 +23,7 @@ extern "C" {
 
 dim3 sim_blockDim, sim_gridDim;
 
-enum { SIM_STACK = 256 * 1024, SIM_MAX_THREADS = 1024, SIM_MAX_FIBERS = 16384, SIM_SMEM = 232448 };
+enum { SIM_STACK = 256 * 1024, SIM_MAX_THREADS = 1024, SIM_MAX_FIBERS = 16384, SIM_SMEM = 232448, SIM_STUCK_PASSES = 1000 };
 
 struct sim_copy {
     void *dst;
@@ -223,10 +223,19 @@ static void run_blocks(const std::vector<dim3> &bids, int n, std::function<void(
         f->bid = bids[i / n];
         f->tid = dim3(t % sim_blockDim.x, (t / sim_blockDim.x) % sim_blockDim.y, t / (sim_blockDim.x * sim_blockDim.y));
     }
-    for (int remaining = total; remaining > 0;) {
+    /* passes over every warp that release nothing and end no fiber leave
+     * every thread waiting for another (spinning, say): a deadlock on a
+     * GPU too */
+    for (int remaining = total, stuck = 0; remaining > 0;) {
+        const unsigned long before = releases;
         remaining = 0;
         for (int b = 0; b < nb; b++)
             for (int w = b * n; w < (b + 1) * n; w += 32) remaining += run_warp(w, w + 32 < (b + 1) * n ? w + 32 : (b + 1) * n);
+        stuck = releases == before ? stuck + 1 : 0;
+        if (stuck == SIM_STUCK_PASSES) {
+            fprintf(stderr, "cuda_sim: every thread of the launch waits for another (a deadlock)\n");
+            abort();
+        }
     }
 }
 

@@ -173,14 +173,18 @@ moe_status cuda_test_gemv(moe_type type, int rows, int cols, const void *w, cons
         int grid = test_grid(f, 0, smem, rows, a.lanes);
         size_t optin = 0;
         if (stream) {
-            /* the rows through shared memory: every shape that can, on one
-             * block a multiprocessor or fewer (a block of several tiles) */
+            /* the rows through shared memory: every shape that can, each
+             * block with more than twice as many tiles as stages where the
+             * rows allow, so that every stage is refilled and waited for at
+             * both parities; 2 stages (the fewest) for rows of 4 n + 3 */
             cudaDeviceProp prop;
             cudaGetDeviceProperties(&prop, 0);
             optin = prop.sharedMemPerBlockOptin;
             a.stages = gemv_stream_stages(m, a.lanes, f->n, f->act, optin, 1);
+            if (a.stages && rows % 4 == 3) a.stages = 2;
             smem = gemv_stream_layout_of(m, a.lanes, f->act, cols, a.stages).total;
-            grid = (rows + 3 * gemv_tile_rows(a.lanes) - 1) / (3 * gemv_tile_rows(a.lanes));
+            const int tiles = (rows + gemv_tile_rows(a.lanes) - 1) / gemv_tile_rows(a.lanes);
+            grid = tiles / (2 * a.stages + 1) > 1 ? tiles / (2 * a.stages + 1) : 1;
         }
         cudaError_t e = cudaMemcpy(dx, x, (size_t)cols * 4, cudaMemcpyHostToDevice);
         if (e == cudaSuccess) e = cudaMemset(dy, 0xff, (size_t)rows * 4);

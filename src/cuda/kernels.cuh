@@ -817,29 +817,35 @@ inline int gemv_rows(int units, int lanes, int total, int grid, int stages) {
 /* ROWS_STREAM: a block's rows, a run of whole tiles of a row group a warp
  * (gemv_tile_rows), arrive in shared memory by bulk copies, `stages` tiles
  * in flight: thread 0 issues the first stages - 1 before the kernel's
- * wait and the next one as each tile is done. A multiprocessor then keeps
- * 100 KB or more of the matrix in flight, where registers held a row or
- * two a warp (bench/decode-plan.md, fact 73). Layout after the staged
- * activation (gemv_stream_layout_of): stages x (body rows, then meta
- * rows), then a transaction barrier a stage. */
+ * wait, and each later one as soon as every warp is done with the stage
+ * it refills. A multiprocessor then keeps 100 KB or more of the matrix in
+ * flight, where registers held a row or two a warp (bench/decode-plan.md,
+ * fact 73). A stage has two barriers: `full`, whose phase ends when its
+ * tile has landed, and `empty`, whose phase ends when the block's warps
+ * have each arrived done with it; so a warp that finishes a tile goes on
+ * to the next one that has landed without waiting for the others (a block
+ * barrier a tile left the arithmetic of every warp in step, fact 74).
+ * Layout after the staged activation (gemv_stream_layout_of): stages x
+ * (body rows, then meta rows), then the full and the empty barriers. */
 struct row_stream {
     const dmat *w;
     uint8_t *tiles;
-    uint64_t *bars;
+    uint64_t *full, *empty;
     int rows_per_tile, stages, stage_bytes, total, first, n; /* this block's tiles first .. first + n */
 
     /* The barriers initialised and the first tiles' copies issued, by
-     * thread 0; act: the activation's kind (ACT_*), staged before the
-     * tiles. */
+     * thread 0 (the kernel's first block barrier publishes the barriers);
+     * act: the activation's kind (ACT_*), staged before the tiles. */
     __device__ __forceinline__ row_stream(const gemv_args &a, uint8_t *smem, int act)
         : w(&a.seg[0].w), rows_per_tile(gemv_tile_rows(a.lanes)), stages(a.stages), total(a.seg_end[0]) {
         const gemv_stream_layout l = gemv_stream_layout_of(*w, a.lanes, act, a.in.n, stages);
-        tiles = smem + l.tiles, bars = (uint64_t *)(smem + l.bars), stage_bytes = (int)l.stage_bytes;
+        tiles = smem + l.tiles, full = (uint64_t *)(smem + l.bars), empty = full + stages;
+        stage_bytes = (int)l.stage_bytes;
         const int all = (total + rows_per_tile - 1) / rows_per_tile;
         first = (int)((int64_t)all * blockIdx.x / gridDim.x);
         n = (int)((int64_t)all * (blockIdx.x + 1) / gridDim.x) - first;
         if (threadIdx.x == 0) {
-            for (int s = 0; s < stages; s++) mbar_init(&bars[s]);
+            for (int s = 0; s < stages; s++) mbar_init(&full[s]), mbar_init(&empty[s], GEMV_WARPS);
             for (int i = 0; i < stages - 1 && i < n; i++) issue(i);
         }
     }
@@ -847,16 +853,20 @@ struct row_stream {
     __device__ __forceinline__ void issue(int i) {
         const int r0 = (first + i) * rows_per_tile, rows = min(rows_per_tile, total - r0), s = i % stages;
         const unsigned body_bytes = (unsigned)(rows * w->row_stride), meta_bytes = (unsigned)(rows * w->meta_row_stride);
-        mbar_expect(&bars[s], body_bytes + meta_bytes);
-        bulk_copy(body(i, 0), w->body + (int64_t)r0 * w->row_stride, body_bytes, &bars[s]);
-        if (meta_bytes) bulk_copy(meta(i, 0), w->meta + (int64_t)r0 * w->meta_row_stride, meta_bytes, &bars[s]);
+        mbar_expect(&full[s], body_bytes + meta_bytes);
+        bulk_copy(body(i, 0), w->body + (int64_t)r0 * w->row_stride, body_bytes, &full[s]);
+        if (meta_bytes) bulk_copy(meta(i, 0), w->meta + (int64_t)r0 * w->meta_row_stride, meta_bytes, &full[s]);
     }
     /* Tile i once it has landed: its first row. Every thread calls it, in
-     * order; the stage tile i - 1 used is refilled here, after the block
-     * barrier that ended that tile (tile_done). */
+     * order; thread 0 first refills the stage tile i - 1 used, once every
+     * warp is done with it (tile_done). */
     __device__ __forceinline__ int wait(int i) {
-        if (threadIdx.x == 0 && i + stages - 1 < n) issue(i + stages - 1);
-        mbar_wait(&bars[i % stages], (unsigned)(i / stages) & 1u);
+        const int next = i + stages - 1;
+        if (threadIdx.x == 0 && next < n) {
+            if (next >= stages) mbar_wait(&empty[next % stages], (unsigned)(next / stages - 1) & 1u);
+            issue(next);
+        }
+        mbar_wait(&full[i % stages], (unsigned)(i / stages) & 1u);
         return (first + i) * rows_per_tile;
     }
     /* the body and meta of row r of tile i */
@@ -867,7 +877,11 @@ struct row_stream {
         return tiles + (size_t)(i % stages) * stage_bytes + (size_t)rows_per_tile * w->row_stride +
                (size_t)r * w->meta_row_stride;
     }
-    __device__ __forceinline__ void tile_done() const { __syncthreads(); }
+    /* This warp is done reading tile i (every lane calls it). */
+    __device__ __forceinline__ void tile_done(int i) const {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(&empty[i % stages]);
+    }
 };
 
 /* What kernels that do not stream hold in its place. */
@@ -995,7 +1009,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
                 acc = dot_batch_act<F>(b, x, U, sub, L, av);
             }
             finish_row(row, acc, 0.0f, false);
-            stream.tile_done();
+            stream.tile_done(i);
         }
     } else if constexpr (ROWS == ROWS_ACT) {
         act_batch<F> x;
