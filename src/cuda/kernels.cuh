@@ -887,6 +887,25 @@ struct row_stream {
 /* What kernels that do not stream hold in its place. */
 struct no_stream {};
 
+/* The largest (value, row) of the block's threads, the lowest row among
+ * equals, into thread 0's; red_v and red_i: GEMV_WARPS each of shared
+ * scratch. Every thread calls it. */
+__device__ __forceinline__ void block_best(float &best, int &best_row, float *red_v, int *red_i) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, best, off);
+        const int oi = __shfl_xor_sync(FULL_MASK, best_row, off);
+        if (ov > best || (ov == best && oi < best_row)) best = ov, best_row = oi;
+    }
+    __syncthreads();
+    if (lane == 0) red_v[warp] = best, red_i[warp] = best_row;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < GEMV_WARPS; w++)
+            if (red_v[w] > best || (red_v[w] == best && red_i[w] < best_row)) best = red_v[w], best_row = red_i[w];
+}
+
 /* EPI is the launch's epilogue (EPI_NONE, EPI_ARGMAX), a template
  * parameter so that the plain products carry no argmax code: a kernel's
  * code is fetched from memory at every layer (the weights stream through
@@ -1029,31 +1048,25 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
     trace_block_mark(a.trace, TRACE_WORKED);
     if (EPI == EPI_NONE) return;
     int *flag = (int *)smem;
-    /* EPI_ARGMAX: the block's best row, then the best of all blocks */
+    /* EPI_ARGMAX: the block's best row, then the best of all blocks, the
+     * last block's threads reading the blocks' partials side by side
+     * (thread 0 alone read them one round trip after another) */
     float *red_v = (float *)(smem + 16);
     int *red_i = (int *)(smem + 16 + 4 * GEMV_WARPS);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        float ov = __shfl_xor_sync(FULL_MASK, best, off);
-        int oi = __shfl_xor_sync(FULL_MASK, best_row, off);
-        if (ov > best || (ov == best && oi < best_row)) best = ov, best_row = oi;
-    }
-    __syncthreads();
-    if (lane == 0) red_v[warp] = best, red_i[warp] = best_row;
-    __syncthreads();
+    block_best(best, best_row, red_v, red_i);
     if (threadIdx.x == 0) {
-        for (int w = 1; w < GEMV_WARPS; w++)
-            if (red_v[w] > best || (red_v[w] == best && red_i[w] < best_row)) best = red_v[w], best_row = red_i[w];
         a.part_val[blockIdx.x] = best;
         a.part_idx[blockIdx.x] = best_row;
     }
-    if (!last_block(a.counter, gridDim.x, flag) || threadIdx.x != 0) return;
+    if (!last_block(a.counter, gridDim.x, flag)) return;
     best = -INFINITY, best_row = 0x7fffffff;
-    for (unsigned b = 0; b < gridDim.x; b++) {
-        float v = __ldcg(a.part_val + b);
-        int i = __ldcg(a.part_idx + b);
+    for (unsigned b = threadIdx.x; b < gridDim.x; b += blockDim.x) {
+        const float v = __ldcg(a.part_val + b);
+        const int i = __ldcg(a.part_idx + b);
         if (v > best || (v == best && i < best_row)) best = v, best_row = i;
     }
+    block_best(best, best_row, red_v, red_i);
+    if (threadIdx.x != 0) return;
     if (best_row == 0x7fffffff) best_row = 0;
     const int pos = a.step[1];
     if (a.history) a.history[pos] = best_row;
