@@ -141,7 +141,9 @@ static inline sim_mbar *sim_mbar_of(uint64_t *bar) { return (sim_mbar *)bar; }
 static inline void sim_mbar_settle(sim_mbar *m) {
     if (m->due == 0 && m->tx == 0) m->phases++, m->due = m->count;
 }
-static inline void mbar_init(uint64_t *bar, unsigned count = 1) { *sim_mbar_of(bar) = sim_mbar{0, (uint8_t)count, (uint8_t)count, 0}; }
+static inline void mbar_init(uint64_t *bar, unsigned count = 1) {
+    *sim_mbar_of(bar) = sim_mbar{0, (uint8_t)count, (uint8_t)count, 0};
+}
 static inline void mbar_arrive(uint64_t *bar) {
     sim_mbar *m = sim_mbar_of(bar);
     m->due--;

@@ -23,7 +23,8 @@ extern "C" {
 
 dim3 sim_blockDim, sim_gridDim;
 
-enum { SIM_STACK = 256 * 1024, SIM_MAX_THREADS = 1024, SIM_MAX_FIBERS = 16384, SIM_SMEM = 232448, SIM_STUCK_PASSES = 1000 };
+enum { SIM_STACK = 256 * 1024, SIM_MAX_THREADS = 1024, SIM_MAX_FIBERS = 16384, SIM_SMEM = 232448 };
+enum { SIM_STUCK_PASSES = 1000 }; /* passes without progress that make a deadlock */
 
 struct sim_copy {
     void *dst;
