@@ -816,15 +816,16 @@ inline int gemv_rows(int units, int lanes, int total, int grid, int stages) {
 
 /* ROWS_STREAM: a block's rows, a run of whole tiles of a row group a warp
  * (gemv_tile_rows), arrive in shared memory by bulk copies, `stages` tiles
- * in flight: thread 0 issues the first stages - 1 before the kernel's
- * wait, and each later one as soon as every warp is done with the stage
- * it refills. A multiprocessor then keeps 100 KB or more of the matrix in
+ * in flight: thread 0 issues the first ones before the kernel's wait, and
+ * each later one as soon as every warp has read the stage it refills into
+ * registers. A multiprocessor then keeps 100 KB or more of the matrix in
  * flight, where registers held a row or two a warp (bench/decode-plan.md,
  * fact 73). A stage has two barriers: `full`, whose phase ends when its
  * tile has landed, and `empty`, whose phase ends when the block's warps
  * have each arrived done with it; so a warp that finishes a tile goes on
  * to the next one that has landed without waiting for the others (a block
- * barrier a tile left the arithmetic of every warp in step, fact 74).
+ * barrier a tile left the arithmetic of every warp in step, fact 74), and
+ * a stage is refilled while its rows are multiplied, not after (fact 75).
  * Layout after the staged activation (gemv_stream_layout_of): stages x
  * (body rows, then meta rows), then the full and the empty barriers. */
 struct row_stream {
@@ -846,7 +847,7 @@ struct row_stream {
         n = (int)((int64_t)all * (blockIdx.x + 1) / gridDim.x) - first;
         if (threadIdx.x == 0) {
             for (int s = 0; s < stages; s++) mbar_init(&full[s]), mbar_init(&empty[s], GEMV_WARPS);
-            for (int i = 0; i < stages - 1 && i < n; i++) issue(i);
+            for (int i = 0; i < stages && i < n; i++) issue(i);
         }
     }
     /* thread 0: the copies of this block's tile i into its stage */
@@ -857,17 +858,23 @@ struct row_stream {
         bulk_copy(body(i, 0), w->body + (int64_t)r0 * w->row_stride, body_bytes, &full[s]);
         if (meta_bytes) bulk_copy(meta(i, 0), w->meta + (int64_t)r0 * w->meta_row_stride, meta_bytes, &full[s]);
     }
-    /* Tile i once it has landed: its first row. Every thread calls it, in
-     * order; thread 0 first refills the stage tile i - 1 used, once every
-     * warp is done with it (tile_done). */
-    __device__ __forceinline__ int wait(int i) {
-        const int next = i + stages - 1;
-        if (threadIdx.x == 0 && next < n) {
-            if (next >= stages) mbar_wait(&empty[next % stages], (unsigned)(next / stages - 1) & 1u);
-            issue(next);
-        }
+    /* Tile i once it has landed: its first row. Every thread calls it, in order. */
+    __device__ __forceinline__ int wait(int i) const {
         mbar_wait(&full[i % stages], (unsigned)(i / stages) & 1u);
         return (first + i) * rows_per_tile;
+    }
+    /* This warp has read its rows of tile i into registers (every lane
+     * calls it); thread 0 then refills the stage with tile i + stages once
+     * every warp has, so the copy is in flight while the rows are
+     * multiplied. The arrival releases the warp's reads (mbarrier.arrive's
+     * release semantics) before the copy may overwrite them. */
+    __device__ __forceinline__ void release(int i) {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) mbar_arrive(&empty[i % stages]);
+        if (threadIdx.x == 0 && i + stages < n) {
+            mbar_wait(&empty[i % stages], (unsigned)(i / stages) & 1u);
+            issue(i + stages);
+        }
     }
     /* the body and meta of row r of tile i */
     __device__ __forceinline__ uint8_t *body(int i, int r) const {
@@ -876,11 +883,6 @@ struct row_stream {
     __device__ __forceinline__ uint8_t *meta(int i, int r) const {
         return tiles + (size_t)(i % stages) * stage_bytes + (size_t)rows_per_tile * w->row_stride +
                (size_t)r * w->meta_row_stride;
-    }
-    /* This warp is done reading tile i (every lane calls it). */
-    __device__ __forceinline__ void tile_done(int i) const {
-        __syncwarp();
-        if ((threadIdx.x & 31) == 0) mbar_arrive(&empty[i % stages]);
     }
 };
 
@@ -1021,14 +1023,10 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(const gemv_args a) {
         const int r = warp * G + grp; /* this lane's row of each tile */
         for (int i = 0; i < stream.n; i++) {
             const int row = stream.wait(i) + r;
-            float acc = 0.0f;
-            if (row < total) {
-                unit_batch<F> b;
-                load_batch<F, F::N, from_shared>(b, stream.body(i, r), stream.meta(i, r), U, sub, L);
-                acc = dot_batch_act<F>(b, x, U, sub, L, av);
-            }
-            finish_row(row, acc, 0.0f, false);
-            stream.tile_done(i);
+            unit_batch<F> b;
+            if (row < total) load_batch<F, F::N, from_shared>(b, stream.body(i, r), stream.meta(i, r), U, sub, L);
+            stream.release(i);
+            finish_row(row, row < total ? dot_batch_act<F>(b, x, U, sub, L, av) : 0.0f, 0.0f, false);
         }
     } else if constexpr (ROWS == ROWS_ACT) {
         act_batch<F> x;

@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(GEMV_THREADS) read_stream_kernel(const gemv_ar
     for (int i = 0; i < stream.n; i++) {
         const int row = stream.wait(i) + r;
         if (row < stream.total) acc ^= *(const unsigned *)stream.body(i, r);
-        stream.tile_done(i);
+        stream.release(i);
     }
     if (acc == LAB_SENTINEL) *sink = acc;
 }
