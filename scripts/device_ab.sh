@@ -5,8 +5,9 @@
 # to 5% in read bandwidth, more than most changes are worth).
 #
 # Here, before the device call:
-#   bash scripts/device_ab.sh pack NAME=COMMIT ...
-# writes .carry/NAME.tar (the commit's source, git-ignored). Then on the
+#   bash scripts/device_ab.sh pack NAME=COMMIT[+PATCH...] ...
+# writes .carry/NAME.tar (the commit's source, with the patch files named
+# after it applied in order; git-ignored). Then on the
 # device, with the tarballs carried (carry [".debs", ".carry"]):
 #   MOE_EXPERIMENT='bash scripts/device_ab.sh run' bash scripts/device_run.sh
 # builds each .carry/*.tar beside the run's own build ($MOE) and prints, to
@@ -32,10 +33,33 @@ pack() {
     mkdir -p .carry
     rm -f .carry/*.tar # only the variants named now are built on the device
     for spec in "$@"; do
-        local name=${spec%%=*} commit=${spec#*=}
+        local name=${spec%%=*} rev=${spec#*=}
+        local commit=${rev%%+*} patches=()
+        [ "$rev" = "$commit" ] || IFS=+ read -r -a patches <<<"${rev#*+}"
+        [ ${#patches[@]} -eq 0 ] || commit=$(commit_with_patches "$commit" "${patches[@]}") || exit 1
         git archive "$commit" -- . ':!models' ':!data' ':!tests/fixtures' ':!tests/golden/fixtures' >".carry/$name.tar" || exit 1
         echo ".carry/$name.tar: $(git log --oneline -1 "$commit")"
     done
+}
+
+# commit_with_patches COMMIT PATCH...: a dangling commit of COMMIT with the
+# patches applied (a scratch worktree, removed again); prints its hash.
+commit_with_patches() {
+    local base=$1 tree
+    shift
+    tree=$(mktemp -d)
+    git worktree add -q --detach "$tree" "$base" || return 1
+    local top
+    top=$(pwd)
+    if (cd "$tree" && for p in "$@"; do git apply "$top/$p" || exit 1; done && git add -A &&
+        git -c user.name=device_ab -c user.email=device_ab@localhost commit -q -m "$base + $*"); then
+        git -C "$tree" rev-parse HEAD
+    else
+        echo "device_ab: a patch of $* does not apply to $base" >&2
+        git worktree remove --force "$tree"
+        return 1
+    fi
+    git worktree remove --force "$tree"
 }
 
 build_variants() {
