@@ -45,21 +45,19 @@ pack() {
 # commit_with_patches COMMIT PATCH...: a dangling commit of COMMIT with the
 # patches applied (a scratch worktree, removed again); prints its hash.
 commit_with_patches() {
-    local base=$1 tree
+    local base=$1 tree top hash=""
     shift
     tree=$(mktemp -d)
-    git worktree add -q --detach "$tree" "$base" || return 1
-    local top
     top=$(pwd)
+    git worktree add -q --detach "$tree" "$base" || return 1
     if (cd "$tree" && for p in "$@"; do git apply "$top/$p" || exit 1; done && git add -A &&
         git -c user.name=device_ab -c user.email=device_ab@localhost commit -q -m "$base + $*"); then
-        git -C "$tree" rev-parse HEAD
+        hash=$(git -C "$tree" rev-parse HEAD)
     else
         echo "device_ab: a patch of $* does not apply to $base" >&2
-        git worktree remove --force "$tree"
-        return 1
     fi
     git worktree remove --force "$tree"
+    [ -n "$hash" ] && echo "$hash"
 }
 
 build_variants() {
