@@ -18,7 +18,7 @@
  */
 #include "cuda/kernels.cuh"
 
-struct fmt_q6_k : smem_act<fmt_q6_k> {
+struct fmt_q6_k {
     static constexpr int TYPE = MOE_TYPE_Q6_K, ACT = ACT_Q8K, N = 2;
     static constexpr int BLOCK = 256, BODY = 208, META = 2, UNITS = 4;
     static void repack(const uint8_t *src, uint8_t *body, uint8_t *meta, int nb) {
@@ -60,25 +60,49 @@ struct fmt_q6_k : smem_act<fmt_q6_k> {
         const unsigned w = k < 2 ? (hf ? r.s.z : r.s.x) : (hf ? r.s.w : r.s.y);
         return (int)(int8_t)((w >> (8 * (2 * (k & 1) + t0))) & 0xff);
     }
-    static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
-        const int blk = u >> 2, t = u & 3, hf = t >> 1, l0 = (t & 1) * 16;
-        const int e0 = act_off + blk * 256 + 128 * hf + l0;
+    /* A unit's Q8_K activation, in registers: a kernel whose rows take one
+     * batch each loads it once and multiplies every row with it (load_act,
+     * dot_act: kernels.cuh), instead of reading it from shared memory per
+     * row: the streamed head's warps waited on those loads most of all
+     * (decode-plan fact 75). */
+    struct act {
+        int4 a[4];     /* codes of the activations of weights 128hf + 32k + l0 + i */
+        int minus32[4]; /* -32 times each k's 16 codes' sum (the codes' offset) */
+        float d;       /* the Q8_K block's scale */
+        int t;         /* the unit's t */
+    };
+    static __device__ __forceinline__ act load_act(const act_view &a, int act_off, int u) {
+        const int blk = u >> 2, t = u & 3, e0 = act_off + blk * 256 + 128 * (t >> 1) + (t & 1) * 16;
+        act x;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            x.a[k] = *(const int4 *)(a.q + e0 + 32 * k);
+            x.minus32[k] = -32 * (int)a.s16[(e0 + 32 * k) >> 4];
+        }
+        x.d = a.d[(act_off + blk * 256) >> 8];
+        x.t = t;
+        return x;
+    }
+    /* (q - 32) . a as q . a - 32 sum(a): the 16 codes' sum is staged
+     * (Q8_K's s16), and the per-byte subtraction was three of a word's six
+     * instructions (the head is bound by them) */
+    static __device__ __forceinline__ float dot_act(const raw &r, const act_view &, const act &x) {
+        const int hf = x.t >> 1, t0 = x.t & 1;
         int sum = 0;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             unsigned q[4];
             codes(r, k, q);
-            const int4 av = *(const int4 *)(a.q + e0 + 32 * k);
-            const int ai[4] = {av.x, av.y, av.z, av.w};
-            /* (q - 32) . a as q . a - 32 sum(a): the 16 codes' sum is staged
-             * (Q8_K's s16), and the per-byte subtraction was three of a
-             * word's six instructions (the head is bound by them) */
-            int dk = -32 * (int)a.s16[(e0 + 32 * k) >> 4];
+            const int ai[4] = {x.a[k].x, x.a[k].y, x.a[k].z, x.a[k].w};
+            int dk = x.minus32[k];
 #pragma unroll
             for (int i = 0; i < 4; i++) dk = __dp4a((int)q[i], ai[i], dk);
-            sum += scale(r, hf, k, l0 >> 4) * dk;
+            sum += scale(r, hf, k, t0) * dk;
         }
-        return h2f((uint16_t)r.d) * a.d[(act_off + blk * 256) >> 8] * (float)sum;
+        return h2f((uint16_t)r.d) * x.d * (float)sum;
+    }
+    static __device__ __forceinline__ float dot(const raw &r, const act_view &a, int act_off, int u) {
+        return dot_act(r, a, load_act(a, act_off, u));
     }
     static __device__ __forceinline__ void dequant(const raw &r, int u, float *out) {
         const int blk = u >> 2, t = u & 3, hf = t >> 1, l0 = (t & 1) * 16;
