@@ -224,15 +224,17 @@ static void run_blocks(const std::vector<dim3> &bids, int n, std::function<void(
         f->bid = bids[i / n];
         f->tid = dim3(t % sim_blockDim.x, (t / sim_blockDim.x) % sim_blockDim.y, t / (sim_blockDim.x * sim_blockDim.y));
     }
-    /* passes over every warp that release nothing and end no fiber leave
-     * every thread waiting for another (spinning, say): a deadlock on a
-     * GPU too */
-    for (int remaining = total, stuck = 0; remaining > 0;) {
+    /* Block b starts at pass b, as a GPU hands out blocks over time: a
+     * block that reads what others write without waiting for them reads
+     * it before they have run. Passes over every started warp that release
+     * nothing and end no fiber, once all have started, leave every thread
+     * waiting for another (spinning, say): a deadlock on a GPU too. */
+    for (int remaining = total, stuck = 0, started = 1; remaining > 0; started += started < nb) {
         const unsigned long before = releases;
-        remaining = 0;
-        for (int b = 0; b < nb; b++)
+        remaining = (nb - started) * n;
+        for (int b = 0; b < started; b++)
             for (int w = b * n; w < (b + 1) * n; w += 32) remaining += run_warp(w, w + 32 < (b + 1) * n ? w + 32 : (b + 1) * n);
-        stuck = releases == before ? stuck + 1 : 0;
+        stuck = releases == before && started == nb ? stuck + 1 : 0;
         if (stuck == SIM_STUCK_PASSES) {
             fprintf(stderr, "cuda_sim: every thread of the launch waits for another (a deadlock)\n");
             abort();
