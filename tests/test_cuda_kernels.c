@@ -504,9 +504,9 @@ static double rel_l2_double(const float *got, const double *want, size_t n) {
 
 /* One layer's attention on the GPU against float64: the prefill's
  * (n_splits 0) or, for one token, the decode step's over n_splits blocks
- * per KV head, merged by the last block or spread over G blocks. tol: the
- * output's relative L2 bound (bf16 operands on tensor cores take 1e-2). */
-static void check_attention(const attn_case *k, int n_splits, bool spread, double tol) {
+ * per KV head. tol: the output's relative L2 bound (bf16 operands on
+ * tensor cores take 1e-2). */
+static void check_attention(const attn_case *k, int n_splits, double tol) {
     const int hd = k->hd, q_dim = k->n_heads * hd, kv_dim = k->n_kv * hd, n_ctx = k->pos + k->T + 5;
     const size_t cache_n = (size_t)n_ctx * kv_dim;
     const bool full = k->qk_norm == QK_NORM_FULL;
@@ -535,11 +535,11 @@ static void check_attention(const attn_case *k, int n_splits, bool spread, doubl
     memcpy(v_gpu, v_in, cache_n * sizeof(float));
     a.rope_freqs = freqs, a.q_norm = qn, a.k_norm = kn, a.bq = bq, a.bk = bk, a.bv = bv, a.qkv = qkv;
     char label[96];
-    snprintf(label, sizeof label, "T=%d pos=%d heads %d/%d hd %d rot %d%s%s qk_norm %d splits %d%s", k->T, k->pos,
+    snprintf(label, sizeof label, "T=%d pos=%d heads %d/%d hd %d rot %d%s%s qk_norm %d splits %d", k->T, k->pos,
              k->n_heads, k->n_kv, hd, k->n_rot, k->neox ? " neox" : "", k->bias ? " bias" : "", (int)k->qk_norm,
-             n_splits, spread ? " spread" : "");
+             n_splits);
     moe_error err = {0};
-    moe_status st = n_splits ? cuda_test_decode_attention(&a, n_splits, spread, k_gpu, v_gpu, out, &err)
+    moe_status st = n_splits ? cuda_test_decode_attention(&a, n_splits, k_gpu, v_gpu, out, &err)
                              : cuda_test_prefill_attention(&a, k_gpu, v_gpu, out, &err);
     CHECKF(st == MOE_OK, "%s", err.message);
     if (st == MOE_OK) {
@@ -591,10 +591,10 @@ static void test_prefill_attention(void) {
      * heads are 64 or 128 wide (the default) */
     setenv("MOE_CUDA_ATTN_MMA", "0", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_attention(&cases[i], 0, false, 1e-5);
+        check_attention(&cases[i], 0, 1e-5);
     setenv("MOE_CUDA_ATTN_MMA", "1", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_attention(&cases[i], 0, false, cases[i].hd == 64 || cases[i].hd == 128 ? 1e-2 : 1e-5);
+        check_attention(&cases[i], 0, cases[i].hd == 64 || cases[i].hd == 128 ? 1e-2 : 1e-5);
     unsetenv("MOE_CUDA_ATTN_MMA");
 }
 
@@ -602,9 +602,7 @@ static void test_prefill_attention(void) {
  * pos cached ones, split over 1 to 32 blocks per KV head (the merge), 1 to
  * 16 warps a query head per head, 2 to 8 query heads a warp and 1 to 4
  * head groups a block grouped (the fold of a block's warps), every lane
- * width. Each merge both ways where the simulator holds the launch's
- * blocks at once (32 of 512 threads): by the last block, and spread over
- * the first G blocks (or by the last block where fewer splits are active). */
+ * width. */
 static void test_decode_attention(void) {
     const struct {
         attn_case k;
@@ -626,18 +624,14 @@ static void test_decode_attention(void) {
         {{1, 90, 2, 2, 32, 32, false, false, false, QK_NORM_NONE, 1.0f}, 2},        /* hd 32 */
         {{1, 45, 4, 2, 24, 24, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},     /* hd 24: part of a warp */
         {{1, 60, 4, 2, 6, 6, false, false, false, QK_NORM_NONE, 1.0f}, 3},         /* hd 6: six lanes a head */
-        {{1, 2040, 8, 1, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 32}, /* G = 8, 32 splits, one KV head */
-        {{1, 700, 16, 2, 128, 128, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 16}, /* 15 splits of 16 active */
     };
     /* per head, then grouped wherever the heads have groups (a power of two above 1) */
-    const char *grouped_from[] = {"2147483647", "0"};
-    for (int way = 0; way < 2; way++) {
-        setenv("MOE_CUDA_ATTN_GROUPED_FROM", grouped_from[way], 1);
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-            check_attention(&cases[i].k, cases[i].n_splits, false, 1e-5);
-            if (cases[i].k.n_kv * cases[i].n_splits <= 32) check_attention(&cases[i].k, cases[i].n_splits, true, 1e-5);
-        }
-    }
+    setenv("MOE_CUDA_ATTN_GROUPED_FROM", "2147483647", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_attention(&cases[i].k, cases[i].n_splits, 1e-5);
+    setenv("MOE_CUDA_ATTN_GROUPED_FROM", "0", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_attention(&cases[i].k, cases[i].n_splits, 1e-5);
     unsetenv("MOE_CUDA_ATTN_GROUPED_FROM");
 }
 

@@ -46,13 +46,8 @@
  * l, output) through shared memory. When one block covers the whole range
  * it writes the output itself. Otherwise each block leaves, per head, its
  * unnormalised output and its m and l (two arrays, so the outputs stay
- * 16-byte aligned), and they are merged: out = sum_s o_s e^(m_s - M) /
- * sum_s l_s e^(m_s - M). Where every block of the launch is resident at
- * once (the host's cuda_attention_resident, true whenever the splits fill
- * the GPU once), the first G blocks of the KV head wait for the others on
- * an atomic count and merge a query head each, side by side; otherwise the
- * last block to arrive (an atomic ticket) merges all G, and the merge's
- * reads from L2 into one multiprocessor are the launch's tail.
+ * 16-byte aligned); the last active block of the KV head (an atomic
+ * ticket) merges them: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
  *
  * RoPE angles come from a table made on the host at state creation with
  * the CPU's formula (double pow, cos and sin, then float), so both
@@ -477,19 +472,16 @@ __device__ __forceinline__ void fold_head_warps(float *slots, int W, int G, int 
     }
 }
 
-/* Query heads h0 .. h0 + H - 1 of KV head g merged over its n active
- * splits (n <= 32): warp (hb, w) takes head h0 + hb's splits w, w + W, ...
- * (W: the block's warps over H, which divides them), MB a round, every
- * lane holding the m and l of split `lane`; the warps' sums meet in shared
- * memory (W x H x hd floats) and a thread a value adds them and writes the
- * output. */
+/* The last block of KV head g merges its n active splits (n <= 32): warp
+ * (h, w) takes head h's splits w, w + W, ..., MB a round, every lane holding
+ * the m and l of split `lane`; the W sums meet in shared memory and warp 0
+ * of the head writes the output. */
 template <int DPL>
-__device__ __forceinline__ void merge_head_splits(const attn_args &a, float *slots, int g, int h0, int H, int n) {
-    const int G = a.n_heads / a.n_kv, hd = a.hd, lane = threadIdx.x & 31, d0 = lane * DPL, warp = threadIdx.x >> 5;
-    const int W = (int)(blockDim.x >> 5) / H, hb = warp % H, w = warp / H;
+__device__ __forceinline__ void merge_head_splits(const attn_args &a, float *slots, int W, int g, int h, int w, int n) {
+    const int G = a.n_heads / a.n_kv, hd = a.hd, lane = threadIdx.x & 31, d0 = lane * DPL;
     const bool mine = d0 < hd;
-    const int first = g * a.n_splits * G + h0 + hb, stride = G * hd; /* (g, split 0, head); floats between splits */
-    constexpr int MB = 48 / DPL < 12 ? 48 / DPL : 12;                /* 16 spills at DPL 4 */
+    const int first = g * a.n_splits * G + h, stride = G * hd; /* (g, split 0, h); floats between splits */
+    constexpr int MB = 48 / DPL < 12 ? 48 / DPL : 12;          /* 16 spills at DPL 4 */
     const float *part = a.part_out + (size_t)first * hd + d0 + w * stride;
     const float2 ml = lane < n ? __ldcg((const float2 *)a.part_ml + first + lane * G) : make_float2(-INFINITY, 0.0f);
     float out[DPL];
@@ -515,43 +507,19 @@ __device__ __forceinline__ void merge_head_splits(const attn_args &a, float *slo
             for (int i = 0; i < DPL; i++) out[i] += wt * o[j][i];
         }
     }
-    store_dims<DPL>(slots + (w * H + hb) * hd + d0, out, mine);
-    __syncthreads();
-    for (int t = threadIdx.x; t < H * hd; t += blockDim.x) {
-        const int b = t / hd, d = t % hd;
-        float sum = 0.0f;
-        for (int j = 0; j < W; j++) sum += slots[(j * H + b) * hd + d];
-        a.out[(g * G + h0 + b) * hd + d] = sum;
-    }
-}
-
-/* Which heads block `split` of KV head g merges, once the block has left
- * its parts: H of them from h0, H = 0 for none. Spread (the host's
- * spread_merge: every block of the launch resident at once), block s < G
- * merges query head s once every active split has arrived, so the heads
- * merge on G multiprocessors side by side; otherwise the last block to
- * arrive merges all G. The counter's low word counts a launch's arrivals;
- * the last one returns it to 0 and adds 1 to the high word, so nothing
- * resets it between launches, and a spinning block waits for the count
- * of its own launch (its ticket's high word), which no later add undoes. */
-__device__ __forceinline__ int merge_role(const attn_args &a, int g, int split, int n_active, int *flag, int &h0) {
-    const int G = a.n_heads / a.n_kv;
-    const bool spread = a.spread_merge && n_active >= G;
-    __syncthreads(); /* the block's parts are written */
-    if (threadIdx.x == 0) {
-        uint64_t *counter = a.counters + g;
-        const uint64_t ticket = add_acq_rel_gpu64(counter, 1);
-        const bool last = (uint32_t)ticket == (uint32_t)n_active - 1;
-        if (last) red_add_gpu64(counter, (1ull << 32) - (uint64_t)n_active);
-        if (spread && split < G && !last) {
-            const uint64_t all = (ticket & ~0xffffffffull) + (uint64_t)n_active;
-            while (load_acquire_gpu64(counter) < all) spin_pause();
+    if (W > 1) { /* warps 1..W-1 hand their sums to warp 0 */
+        if (w > 0) store_dims<DPL>(slots + ((w - 1) * G + h) * hd + d0, out, mine);
+        __syncthreads();
+        if (w > 0) return;
+#pragma unroll 1
+        for (int j = 1; j < W; j++) {
+            float o[DPL];
+            load_dims<DPL>(slots + ((j - 1) * G + h) * hd + d0, o, mine);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) out[i] += o[i];
         }
-        *flag = spread ? (split < G ? 1 : 0) : (last ? G : 0);
     }
-    __syncthreads();
-    h0 = spread ? split : 0;
-    return *flag;
+    store_dims<DPL>(a.out + (g * G + h) * hd + d0, out, mine);
 }
 
 /* The per-head way (see the top of this file): warp (h, w) takes query
@@ -599,11 +567,8 @@ __device__ __forceinline__ void attention_per_head(const attn_args &a, float *sm
             if (lane == 0) ((float2 *)a.part_ml)[slot] = make_float2(st.m, st.l);
         }
     }
-    if (n_active == 1) return;
-    int h0;
-    const int heads = merge_role(a, g, split, n_active, flag, h0);
-    if (heads == 0) return;
-    merge_head_splits<DPL>(a, smem, g, h0, heads, n_active);
+    if (n_active == 1 || !last_block(a.counters + g, n_active, flag)) return;
+    merge_head_splits<DPL>(a, smem, W, g, h, w, n_active);
     trace_mark(a.trace, TRACE_EXIT);
 }
 
@@ -719,36 +684,33 @@ __device__ __forceinline__ void attention_grouped(const attn_args &a, float *sme
     __syncthreads();
     fold_group_warps(a, slots, ml, head_ml, min(W, (end - start + B - 1) / B), g, split, n_active);
     trace_mark(a.trace, TRACE_WORKED);
-    if (n_active == 1) return;
-    int h0;
-    const int heads = merge_role(a, g, split, n_active, flag, h0);
-    if (heads == 0) return;
-    merge_head_splits<DPL>(a, slots, g, h0, heads, n_active); /* slots hold 16 HP x hd floats */
+    if (n_active == 1 || !last_block(a.counters + g, n_active, flag)) return;
+    /* the per-head merge: its warps' layout needs only 16 warps, G x 16 / G */
+    merge_head_splits<DPL>(a, slots, attn_warps_per_head(G), g, warp % G, warp / G, n_active);
     trace_mark(a.trace, TRACE_EXIT);
 }
 
 /* ---------------------------------------------------------------- kernels */
 
 /* Two kernels, not one with both ways: together they spill (128 registers
- * at 16 warps). Shared memory: merge_role's flag, then the floats (no
- * static shared memory: the simulator runs a spread launch's blocks
- * together, and its `__shared__` is one variable for all of them). */
-#define ATTN_FLAG_BYTES 16
+ * at 16 warps). */
 template <int DPL>
 __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args a) {
-    DYN_SMEM(uint8_t, smem);
+    DYN_SMEM(float, smem);
+    __shared__ int flag;
     trace_mark(a.trace, TRACE_ENTRY);
     /* The position and the cached keys and values were written by earlier
      * steps, complete before the launch before this one passed its own
      * wait: the range's rows are pulled into L2 while that launch runs. */
-    attention_per_head<DPL>(a, (float *)(smem + ATTN_FLAG_BYTES), (int *)smem, __ldcg(a.step + 1));
+    attention_per_head<DPL>(a, smem, &flag, __ldcg(a.step + 1));
 }
 
 template <int DPL, int HP>
 __global__ void __launch_bounds__(ATTN_THREADS) attention_grouped_kernel(const attn_args a) {
-    DYN_SMEM(uint8_t, smem);
+    DYN_SMEM(float, smem);
+    __shared__ int flag;
     trace_mark(a.trace, TRACE_ENTRY);
-    attention_grouped<DPL, HP>(a, (float *)(smem + ATTN_FLAG_BYTES), (int *)smem, __ldcg(a.step + 1)); /* as above */
+    attention_grouped<DPL, HP>(a, smem, &flag, __ldcg(a.step + 1)); /* as above */
 }
 
 /* A lane holds hd / 32 dims (one, or none, below 32), rotary pairs must not straddle lanes unevenly,
@@ -789,13 +751,12 @@ static attention_fn attention_kernel_for(int G, int hd, bool grouped) {
 /* A block's threads: 16 warps grouped, G x W per head. */
 static int attn_threads(int G, bool grouped) { return grouped ? ATTN_THREADS : 32 * G * attn_warps_per_head(G); }
 
-/* Shared memory: the flag, then per head the fold's (W - 1) x G slots of
- * hd floats and their (m, l), or the merge's hd floats a warp if more;
- * grouped: see above. */
+/* Shared memory per head: the fold's (W - 1) x G slots of hd floats and
+ * their (m, l); grouped: see above. */
 static size_t attn_smem(int G, int hd, bool grouped) {
-    const int fold = (attn_warps_per_head(G) - 1) * G * (hd + 2), merge = attn_threads(G, false) / 32 * hd;
-    const int floats = grouped ? grouped_smem_floats(G, hd, grouped_hp(G, hd)) : fold > merge ? fold : merge;
-    return ATTN_FLAG_BYTES + (size_t)floats * sizeof(float);
+    const int floats =
+        grouped ? grouped_smem_floats(G, hd, grouped_hp(G, hd)) : (attn_warps_per_head(G) - 1) * G * (hd + 2);
+    return (size_t)floats * sizeof(float);
 }
 
 /* Positions (pos + 1) from which the grouped way runs: where the per-head
@@ -817,23 +778,6 @@ cudaError_t cuda_attention_setup(int G, int hd) {
                                 (int)attn_smem(G, hd, true));
 }
 
-/* Whether the n_kv x n_splits blocks of a launch, either way, are all
- * resident at once (so the blocks that merge may wait for the others:
- * merge_role). */
-bool cuda_attention_resident(int n_sm, int n_heads, int n_kv, int hd, int n_splits) {
-    const int G = n_heads / n_kv;
-    int per_head = 0, grouped = INT_MAX;
-    cudaError_t e = cuda_attention_setup(G, hd);
-    if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_head, attention_kernel_for(G, hd, false),
-                                                          attn_threads(G, false), attn_smem(G, hd, false));
-    if (e == cudaSuccess && grouped_hp(G, hd) > 1)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&grouped, attention_kernel_for(G, hd, true),
-                                                          attn_threads(G, true), attn_smem(G, hd, true));
-    const int per_sm = per_head < grouped ? per_head : grouped;
-    return e == cudaSuccess && (int64_t)n_kv * n_splits <= (int64_t)per_sm * n_sm;
-}
-
 /* Blocks per KV head: as many as fit on the GPU at once (a long context
  * is then read by every multiprocessor, so more of its loads are in
  * flight), at most the merge's ATTN_MAX_SPLITS. */
@@ -852,12 +796,8 @@ int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl) {
     const int G = a->n_heads / a->n_kv;
     const bool grouped = a->grouped && grouped_hp(G, a->hd) > 1;
-    const attention_fn kernel = attention_kernel_for(G, a->hd, grouped);
-    const dim3 grid(a->n_kv, a->n_splits);
-    if (a->spread_merge)
-        LAUNCH_PDL_RESIDENT(pdl, kernel, grid, attn_threads(G, grouped), attn_smem(G, a->hd, grouped), st, *a);
-    else
-        LAUNCH_PDL(pdl, kernel, grid, attn_threads(G, grouped), attn_smem(G, a->hd, grouped), st, *a);
+    LAUNCH_PDL(pdl, attention_kernel_for(G, a->hd, grouped), dim3(a->n_kv, a->n_splits), attn_threads(G, grouped),
+               attn_smem(G, a->hd, grouped), st, *a);
 }
 
 /* cos | sin of every position's RoPE angles, as cpu_rope computes them. */

@@ -302,11 +302,9 @@ moe_status cuda_test_prefill_attention(const cuda_test_attention *a, float *k_ca
 
 /* The decode step's attention (attention.cu) for the one token at pos
  * (n_tokens 1, no biases), its cache split over n_splits blocks per KV head;
- * spread: the first G blocks of a KV head merge a query head each (every
- * block must be resident at once: cuda_attention_resident); k_cache,
- * v_cache and out as above. */
-moe_status cuda_test_decode_attention(const cuda_test_attention *a, int n_splits, bool spread, float *k_cache,
-                                      float *v_cache, float *out, moe_error *err);
+ * k_cache, v_cache and out as above. */
+moe_status cuda_test_decode_attention(const cuda_test_attention *a, int n_splits, float *k_cache, float *v_cache,
+                                      float *out, moe_error *err);
 
 /* ---- the kernel lab (moe lab; lab.cu): the decode kernels on device
  * copies of weights given in GGUF layout, each beside a pure read of the

@@ -123,7 +123,6 @@ template <int PENDING> static inline void cp_async_wait(void) { sim_cp_async_wai
 static inline void cp_async_wait_all(void) { sim_cp_async_wait_all(); }
 static inline uint64_t add_acq_rel_gpu64(uint64_t *p, uint64_t v) { return __atomic_fetch_add(p, v, __ATOMIC_ACQ_REL); }
 static inline uint64_t load_acquire_gpu64(const uint64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-static inline void red_add_gpu64(uint64_t *p, uint64_t v) { __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 /* A spinning thread lets the others run (fibers switch only when asked). */
 static inline void spin_pause(void) { sim_yield(); }
 /* Bulk copies complete at once. A barrier's 64 bits hold what the
@@ -242,10 +241,6 @@ __device__ __forceinline__ uint64_t load_acquire_gpu64(const uint64_t *p) {
     uint64_t v;
     asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
     return v;
-}
-/* An add whose result nobody waits for (red: no round trip). */
-__device__ __forceinline__ void red_add_gpu64(uint64_t *p, uint64_t v) {
-    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 __device__ __forceinline__ void spin_pause(void) {}
 /* Bulk copies from global to shared memory by the copy engine of the SM

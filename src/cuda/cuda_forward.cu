@@ -175,12 +175,11 @@ static void attention_block(cuda_state *s, int l, bool with_o) {
     a.out = s->att;
     a.part_out = s->attn_part_out;
     a.part_ml = s->attn_part_ml;
-    a.counters = s->attn_counters;
+    a.counters = s->counters + 1;
     a.n_heads = c->n_heads;
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
     a.n_splits = s->attn_splits;
-    a.spread_merge = s->attn_spread;
     a.grouped = s->attn_grouped;
     a.trace = trace_of(s, l, CUDA_STAGE_ATTENTION);
     if (live(s, CUDA_STAGE_ATTENTION)) cuda_attention(&a, s->stream, s->opt.pdl);
@@ -762,8 +761,7 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->part_idx = (int *)carve(base, used, (size_t)s->max_grid * sizeof(int));
     s->step = (int *)carve(base, used, 2 * sizeof(int));
     s->history = (int *)carve(base, used, (size_t)(s->n_ctx + 1) * sizeof(int));
-    s->counters = (unsigned *)carve(base, used, sizeof(unsigned));
-    s->attn_counters = (uint64_t *)carve(base, used, (size_t)c->n_kv_heads * sizeof(uint64_t));
+    s->counters = (unsigned *)carve(base, used, (size_t)(1 + c->n_kv_heads) * sizeof(unsigned));
     s->grid_bar = (uint64_t *)carve(base, used, sizeof(uint64_t));
     s->rope = (float *)carve(base, used, (size_t)s->n_ctx * c->n_rot * sizeof(float));
 }
@@ -814,10 +812,6 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         s->h_len = c->n_ff;
     }
     s->attn_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim);
-    /* MOE_CUDA_ATTN_SPREAD=0: the last block merges (a GPU shared through
-     * MPS may not hold every block of a launch at once) */
-    s->attn_spread = env_flag("MOE_CUDA_ATTN_SPREAD", true) &&
-                     cuda_attention_resident(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim, s->attn_splits);
     s->attn_grouped_from = cuda_attention_grouped_from(c->n_heads / c->n_kv_heads, c->head_dim, s->attn_splits);
     s->max_grid = g->n_sm * 32;
 

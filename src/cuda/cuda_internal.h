@@ -172,9 +172,8 @@ struct attn_args {
     float *out;                    /* (n_heads*hd) */
     float *part_out;               /* (n_kv, n_splits, G, hd) */
     float *part_ml;                /* (n_kv, n_splits, G, 2): m, l */
-    uint64_t *counters;            /* (n_kv) arrivals, see merge_role */
+    unsigned *counters;            /* (n_kv) */
     int n_heads, n_kv, hd, n_splits;
-    bool spread_merge;             /* every block resident at once (cuda_attention_resident): G blocks merge */
     bool grouped;                  /* heads scored in groups (long contexts: cuda_attention_grouped_from) */
     uint64_t *trace;
 };
@@ -410,14 +409,12 @@ struct cuda_state {
     int *step;                /* [0] token, [1] position */
     int *history;             /* (n_ctx + 1) argmax after each position */
     float *rope;              /* (n_ctx, n_rot) cos | sin, see attention.cu */
-    unsigned *counters;       /* [0] argmax */
-    uint64_t *attn_counters;  /* (n_kv) the attention's merge */
+    unsigned *counters;       /* [0] argmax, [1..] attention per KV head */
     uint64_t *grid_bar;       /* grid_sync's counter (moe_ffn launches, all of one grid size) */
     int moe_ffn_grid;         /* > 0: the MoE layers run moe_ffn, this many blocks */
     size_t moe_ffn_smem;
     int q_dim, kv_dim, n_ff_routed, h_len;
     int attn_splits;
-    bool attn_spread;      /* the attention's launch fits the GPU at once: its merge is spread (attention.cu) */
     int attn_grouped_from; /* positions (pos + 1) from which the attention scores heads in groups */
     bool attn_grouped;     /* the step being enqueued does */
     int max_grid;
@@ -464,7 +461,6 @@ bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits);
 cudaError_t cuda_attention_setup(int G, int hd);
 int cuda_attention_grouped_from(int G, int hd, int n_splits);
 int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd);
-bool cuda_attention_resident(int n_sm, int n_heads, int n_kv, int hd, int n_splits);
 void cuda_rope_table(const model_config *c, const float *rope_freqs, int n_ctx, float *out);
 
 #endif

@@ -141,10 +141,11 @@ const dim3 &sim_block_idx(void);
 #define blockDim sim_blockDim
 #define gridDim sim_gridDim
 
-/* together: every block at once (a launch whose blocks meet at grid
- * barriers), each with its own dynamic shared memory; such kernels keep
- * no `__shared__` variables (those are static here). Otherwise blocks
- * run one after another. */
+/* together: every block resident at once (a launch whose blocks meet at
+ * grid barriers), block b starting a pass of the scheduler after block b -
+ * 1, each with its own dynamic shared memory; such kernels keep no
+ * `__shared__` variables (those are static here). Otherwise blocks run one
+ * after another. */
 void sim_launch(dim3 grid, dim3 block, size_t smem, std::function<void()> body, bool together = false);
 void *sim_dyn_smem(void);
 void sim_yield(void);
