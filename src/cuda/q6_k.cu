@@ -66,10 +66,10 @@ struct fmt_q6_k {
      * row: the streamed head's warps waited on those loads most of all
      * (decode-plan fact 75). */
     struct act {
-        int4 a[4];     /* codes of the activations of weights 128hf + 32k + l0 + i */
+        int4 a[4];      /* codes of the activations of weights 128hf + 32k + l0 + i */
         int minus32[4]; /* -32 times each k's 16 codes' sum (the codes' offset) */
-        float d;       /* the Q8_K block's scale */
-        int t;         /* the unit's t */
+        float d;        /* the Q8_K block's scale */
+        int t;          /* the unit's t */
     };
     static __device__ __forceinline__ act load_act(const act_view &a, int act_off, int u) {
         const int blk = u >> 2, t = u & 3, e0 = act_off + blk * 256 + 128 * (t >> 1) + (t & 1) * 16;
