@@ -2,7 +2,8 @@
 # session 30 run 1 (written, never started: no device came): decode attention by head blocks (the working
 # tree with head-blocks.patch applied) beside main (`bash scripts/device_ab.sh pack main=HEAD` first): GPU
 # kernel and forward tests, tg128 x2, depths 512/1024/4096, the layer timeline at 512, the head-block switch
-# point; then the full lab on this card, the streamed head in the step, and Nsight Compute on the Q4_K head.
+# point and heads a block (1, 2, 4); then the full lab on this card, the streamed head in the step, and Nsight
+# Compute on the Q4_K head.
 # Carried as .carry/runA.sh with [".debs", ".carry"]; ends by DEADLINE seconds (560).
 set -u
 T0=$(date +%s)
@@ -28,6 +29,15 @@ for u in 0 512 1024 2048; do
   for d in 512 1024; do
     t "d$d MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL=$u"
     MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL=$u $MOE bench -m $MODEL -p 0 -n 64 -r 2 -d $d --device cuda | grep "graph+PDL"
+  done
+done
+for gb in 1 2 4; do
+  t "tg128 MOE_CUDA_ATTN_BLOCK_HEADS=$gb"
+  MOE_CUDA_ATTN_BLOCK_HEADS=$gb $MOE bench -m $MODEL -p 0 -n 128 -r 3 --device cuda | grep "graph+PDL"
+  for d in 512 1024; do
+    t "d$d MOE_CUDA_ATTN_BLOCK_HEADS=$gb UNTIL=1024"
+    MOE_CUDA_ATTN_BLOCK_HEADS=$gb MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL=1024 $MOE bench -m $MODEL -p 0 -n 64 -r 2 -d $d \
+      --device cuda | grep "graph+PDL"
   done
 done
 for mb in 0 64; do t "tg128 MOE_CUDA_STREAM_MB=$mb"; MOE_CUDA_STREAM_MB=$mb $MOE bench -m $MODEL -p 0 -n 128 -r 3 --device cuda | grep "graph+PDL"; done

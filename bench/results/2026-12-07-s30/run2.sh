@@ -25,6 +25,10 @@ done; done
 for d in 512 1024; do for u in 0 1024; do
   t "d$d UNTIL=$u"; MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL=$u $MOE bench -m $MODEL -p 0 -n 32 -r 2 -d $d --device cuda | grep "graph+PDL"
 done; done
+for gb in 2 4; do
+  t "d512 MOE_CUDA_ATTN_BLOCK_HEADS=$gb"
+  MOE_CUDA_ATTN_BLOCK_HEADS=$gb $MOE bench -m $MODEL -p 0 -n 32 -r 2 -d 512 --device cuda | grep "graph+PDL"
+done
 for u in 0 512; do
   t "timeline 512 UNTIL=$u"
   MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL=$u $MOE bench -m $MODEL -p 0 -n 16 -r 1 --device cuda --profile=512 2>&1 |
