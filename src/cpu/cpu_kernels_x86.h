@@ -1,15 +1,13 @@
 /*
- * cpu_kernels_x86.h — what the AVX2 and AVX-512 kernel files share: the
- * block layouts of the weight formats, two lookup tables, the helpers both
- * levels use, and the kernels' names. Private to src/cpu.
+ * cpu_kernels_x86.h — what the AVX2 and AVX-512 kernel files share: two
+ * lookup tables, the helpers both levels use, and the kernels' names.
+ * Private to src/cpu.
  *
- * The activation blocks (block_q8_0, block_q8_1, block_q8_k) and the
- * little-endian field readers come from src/quant's block.h and k_quant.h.
- * The weight blocks are private to their files in src/quant, so their
- * layouts are restated here with their sizes asserted; the opening comment of
- * the file named beside each is the authority, and tests/test_cpu_kernels.c
- * would catch a drift. Every vector load in the kernels is unaligned, so a
- * row may sit at any address, as in a memory-mapped GGUF file.
+ * The block layouts (block_q8_0, block_q8_1 and block_q8_k for the
+ * activations, weight_blocks.h's for the weights) and the little-endian
+ * field readers come from src/quant. Every vector load in the kernels is
+ * unaligned, so a row may sit at any address, as in a memory-mapped GGUF
+ * file.
  */
 #ifndef MOE_CPU_KERNELS_X86_H
 #define MOE_CPU_KERNELS_X86_H
@@ -19,71 +17,7 @@
 
 #include "quant/block.h"
 #include "quant/k_quant.h"
-
-typedef struct block_q4_0 { /* q4_0.c */
-    uint8_t d[2];
-    uint8_t qs[16];
-} block_q4_0;
-_Static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");
-
-typedef struct block_q4_1 { /* q4_0.c */
-    uint8_t d[2];
-    uint8_t m[2];
-    uint8_t qs[16];
-} block_q4_1;
-_Static_assert(sizeof(block_q4_1) == 20, "Q4_1 block is 20 bytes");
-
-typedef struct block_q5_0 { /* q5_0.c */
-    uint8_t d[2];
-    uint8_t qh[4];
-    uint8_t qs[16];
-} block_q5_0;
-_Static_assert(sizeof(block_q5_0) == 22, "Q5_0 block is 22 bytes");
-
-typedef struct block_q5_1 { /* q5_0.c */
-    uint8_t d[2];
-    uint8_t m[2];
-    uint8_t qh[4];
-    uint8_t qs[16];
-} block_q5_1;
-_Static_assert(sizeof(block_q5_1) == 24, "Q5_1 block is 24 bytes");
-
-typedef struct block_iq4_nl { /* iq4_nl.c */
-    uint8_t d[2];
-    uint8_t qs[16];
-} block_iq4_nl;
-_Static_assert(sizeof(block_iq4_nl) == 18, "IQ4_NL block is 18 bytes");
-
-typedef struct block_mxfp4 { /* mxfp4.c */
-    uint8_t e;
-    uint8_t qs[16];
-} block_mxfp4;
-_Static_assert(sizeof(block_mxfp4) == 17, "MXFP4 block is 17 bytes");
-
-typedef struct block_q4_k { /* q4_k.c */
-    uint8_t d[2];
-    uint8_t dmin[2];
-    uint8_t scales[K_SCALE_BYTES];
-    uint8_t qs[QK_K / 2];
-} block_q4_k;
-_Static_assert(sizeof(block_q4_k) == 144, "Q4_K block is 144 bytes");
-
-typedef struct block_q5_k { /* q5_k.c */
-    uint8_t d[2];
-    uint8_t dmin[2];
-    uint8_t scales[K_SCALE_BYTES];
-    uint8_t qh[QK_K / 8];
-    uint8_t qs[QK_K / 2];
-} block_q5_k;
-_Static_assert(sizeof(block_q5_k) == 176, "Q5_K block is 176 bytes");
-
-typedef struct block_q6_k { /* q6_k.c */
-    uint8_t ql[QK_K / 2];
-    uint8_t qh[QK_K / 4];
-    int8_t scales[QK_K / 16];
-    uint8_t d[2];
-} block_q6_k;
-_Static_assert(sizeof(block_q6_k) == 210, "Q6_K block is 210 bytes");
+#include "quant/weight_blocks.h"
 
 /* Unrolls the short fixed loops over vector registers completely, so that
  * their arrays of registers stay in registers: GCC at -O2 otherwise keeps

@@ -30,17 +30,12 @@
 #include <math.h>
 
 #include "quant/block.h"
+#include "quant/weight_blocks.h"
 
 enum { QK_NL = 32, HALF_NL = QK_NL / 2, NL_LEVELS = 16, NL_TRIES = 7 };
 
 /* Below this the block is treated as all zeros (GGML's GROUP_MAX_EPS). */
 #define NL_ZERO_BLOCK 1e-15f
-
-typedef struct block_iq4_nl {
-    uint8_t d[2];
-    uint8_t qs[HALF_NL];
-} block_iq4_nl;
-_Static_assert(sizeof(block_iq4_nl) == 18, "IQ4_NL block is 18 bytes");
 
 static const int8_t iq4nl_values[NL_LEVELS] = {
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,

@@ -33,14 +33,9 @@
 #include <math.h>
 
 #include "quant/block.h"
+#include "quant/weight_blocks.h"
 
 enum { QK_MX = 32, HALF_MX = QK_MX / 2, MX_CODES = 16 };
-
-typedef struct block_mxfp4 {
-    uint8_t e;
-    uint8_t qs[HALF_MX];
-} block_mxfp4;
-_Static_assert(sizeof(block_mxfp4) == 17, "MXFP4 block is 17 bytes");
 
 static const int8_t mxfp4_values[MX_CODES] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 

@@ -31,21 +31,9 @@
 #include <math.h>
 
 #include "quant/block.h"
+#include "quant/weight_blocks.h"
 
 enum { QK4 = 32, HALF4 = QK4 / 2 };
-
-typedef struct block_q4_0 {
-    uint8_t d[2];
-    uint8_t qs[HALF4];
-} block_q4_0;
-_Static_assert(sizeof(block_q4_0) == 18, "Q4_0 block is 18 bytes");
-
-typedef struct block_q4_1 {
-    uint8_t d[2];
-    uint8_t m[2];
-    uint8_t qs[HALF4];
-} block_q4_1;
-_Static_assert(sizeof(block_q4_1) == 20, "Q4_1 block is 20 bytes");
 
 /* trunc(v) clipped to 0..15. Comparing before converting keeps a NaN or
  * infinite input (a corrupt weight) from the undefined float-to-int cast. */

@@ -26,14 +26,7 @@
  */
 #include "quant/formats.h"
 #include "quant/k_quant.h"
-
-typedef struct block_q4_k {
-    uint8_t d[2];
-    uint8_t dmin[2];
-    uint8_t scales[K_SCALE_BYTES];
-    uint8_t qs[QK_K / 2];
-} block_q4_k;
-_Static_assert(sizeof(block_q4_k) == 144, "block_q4_k is 144 bytes");
+#include "quant/weight_blocks.h"
 
 /* GGML's quantize_row_q4_K_ref search: grid of 21 inverse scales
  * (15 - 1 + 0.1 i) / range, i = 0..20. */

@@ -28,23 +28,9 @@
 #include <math.h>
 
 #include "quant/block.h"
+#include "quant/weight_blocks.h"
 
 enum { QK5 = 32, HALF5 = QK5 / 2 };
-
-typedef struct block_q5_0 {
-    uint8_t d[2];
-    uint8_t qh[4];
-    uint8_t qs[HALF5];
-} block_q5_0;
-_Static_assert(sizeof(block_q5_0) == 22, "Q5_0 block is 22 bytes");
-
-typedef struct block_q5_1 {
-    uint8_t d[2];
-    uint8_t m[2];
-    uint8_t qh[4];
-    uint8_t qs[HALF5];
-} block_q5_1;
-_Static_assert(sizeof(block_q5_1) == 24, "Q5_1 block is 24 bytes");
 
 /* The 32 codes (0..31) of a block from its nibbles and high bits. */
 static void q5_unpack(const uint8_t *qs, const uint8_t *qh_bytes, uint8_t codes[QK5]) {

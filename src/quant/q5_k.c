@@ -31,15 +31,7 @@
  */
 #include "quant/formats.h"
 #include "quant/k_quant.h"
-
-typedef struct block_q5_k {
-    uint8_t d[2];
-    uint8_t dmin[2];
-    uint8_t scales[K_SCALE_BYTES];
-    uint8_t qh[QK_K / 8];
-    uint8_t qs[QK_K / 2];
-} block_q5_k;
-_Static_assert(sizeof(block_q5_k) == 176, "block_q5_k is 176 bytes");
+#include "quant/weight_blocks.h"
 
 /* GGML's quantize_row_q5_K_ref search: grid of 16 inverse scales
  * (31 - 0.5 + 0.1 i) / range, i = 0..15. */

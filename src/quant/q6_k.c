@@ -25,14 +25,7 @@
  */
 #include "quant/formats.h"
 #include "quant/k_quant.h"
-
-typedef struct block_q6_k {
-    uint8_t ql[QK_K / 2];
-    uint8_t qh[QK_K / 4];
-    int8_t scales[QK_K / 16];
-    uint8_t d[2];
-} block_q6_k;
-_Static_assert(sizeof(block_q6_k) == 210, "block_q6_k is 210 bytes");
+#include "quant/weight_blocks.h"
 
 /* Codes minus 32 (-32..31), in weight order. */
 static void q6_k_unpack(const block_q6_k *b, int8_t q[QK_K]) {
