@@ -160,8 +160,8 @@ static moe_status out_of_range(const char *key, bool negative, uint64_t magnitud
 }
 
 moe_status gguf_get_u32(const gguf_file *file, const char *key, uint32_t *out, moe_error *err) {
-    bool negative;
-    uint64_t magnitude;
+    bool negative = false; /* set by find_integer on MOE_OK; GCC cannot see that at -O2 */
+    uint64_t magnitude = 0;
     moe_status st = find_integer(file, key, "uint32", &negative, &magnitude, err);
     if (st != MOE_OK) return st;
     if (negative || magnitude > UINT32_MAX) return out_of_range(key, negative, magnitude, "uint32", err);
@@ -170,8 +170,8 @@ moe_status gguf_get_u32(const gguf_file *file, const char *key, uint32_t *out, m
 }
 
 moe_status gguf_get_u64(const gguf_file *file, const char *key, uint64_t *out, moe_error *err) {
-    bool negative;
-    uint64_t magnitude;
+    bool negative = false; /* set by find_integer on MOE_OK; GCC cannot see that at -O2 */
+    uint64_t magnitude = 0;
     moe_status st = find_integer(file, key, "uint64", &negative, &magnitude, err);
     if (st != MOE_OK) return st;
     if (negative) return out_of_range(key, negative, magnitude, "uint64", err);
@@ -180,8 +180,8 @@ moe_status gguf_get_u64(const gguf_file *file, const char *key, uint64_t *out, m
 }
 
 moe_status gguf_get_i64(const gguf_file *file, const char *key, int64_t *out, moe_error *err) {
-    bool negative;
-    uint64_t magnitude;
+    bool negative = false; /* set by find_integer on MOE_OK; GCC cannot see that at -O2 */
+    uint64_t magnitude = 0;
     moe_status st = find_integer(file, key, "int64", &negative, &magnitude, err);
     if (st != MOE_OK) return st;
     if (!negative && magnitude > INT64_MAX) return out_of_range(key, negative, magnitude, "int64", err);
