@@ -141,9 +141,13 @@ static const gguf_value *find_value(const gguf_file *file, const char *key, moe_
 }
 
 /* An integer of any width and signedness, as a sign and a magnitude, so one
- * range check serves every getter. */
+ * range check serves every getter. Both are written on every path (0 on an
+ * error): GCC at -O3 cannot tell that an error's status is never MOE_OK and
+ * took the getters' reads for uninitialised ones. */
 static moe_status find_integer(const gguf_file *file, const char *key, const char *expected, bool *negative,
                                uint64_t *magnitude, moe_error *err) {
+    *negative = false;
+    *magnitude = 0;
     const gguf_value *v = find_value(file, key, err);
     if (!v) return MOE_ERR_NOT_FOUND;
     if (!is_integer_type(v->type)) return type_mismatch(key, expected, v, err);
@@ -160,8 +164,8 @@ static moe_status out_of_range(const char *key, bool negative, uint64_t magnitud
 }
 
 moe_status gguf_get_u32(const gguf_file *file, const char *key, uint32_t *out, moe_error *err) {
-    bool negative = false; /* set by find_integer on MOE_OK; GCC cannot see that at -O2 */
-    uint64_t magnitude = 0;
+    bool negative;
+    uint64_t magnitude;
     moe_status st = find_integer(file, key, "uint32", &negative, &magnitude, err);
     if (st != MOE_OK) return st;
     if (negative || magnitude > UINT32_MAX) return out_of_range(key, negative, magnitude, "uint32", err);
@@ -170,8 +174,8 @@ moe_status gguf_get_u32(const gguf_file *file, const char *key, uint32_t *out, m
 }
 
 moe_status gguf_get_u64(const gguf_file *file, const char *key, uint64_t *out, moe_error *err) {
-    bool negative = false; /* set by find_integer on MOE_OK; GCC cannot see that at -O2 */
-    uint64_t magnitude = 0;
+    bool negative;
+    uint64_t magnitude;
     moe_status st = find_integer(file, key, "uint64", &negative, &magnitude, err);
     if (st != MOE_OK) return st;
     if (negative) return out_of_range(key, negative, magnitude, "uint64", err);
@@ -180,8 +184,8 @@ moe_status gguf_get_u64(const gguf_file *file, const char *key, uint64_t *out, m
 }
 
 moe_status gguf_get_i64(const gguf_file *file, const char *key, int64_t *out, moe_error *err) {
-    bool negative = false; /* set by find_integer on MOE_OK; GCC cannot see that at -O2 */
-    uint64_t magnitude = 0;
+    bool negative;
+    uint64_t magnitude;
     moe_status st = find_integer(file, key, "int64", &negative, &magnitude, err);
     if (st != MOE_OK) return st;
     if (!negative && magnitude > INT64_MAX) return out_of_range(key, negative, magnitude, "int64", err);

@@ -244,7 +244,7 @@ static moe_status parse_kvs(cursor *c, gguf_file *f) {
     if (!f->kv) return moe_error_set(c->err, MOE_ERR_NOMEM, "out of memory for %" PRIu64 " keys", f->n_kv);
     for (uint64_t i = 0; i < f->n_kv; i++) {
         gguf_kv *kv = &f->kv[i];
-        gguf_value_type type = GGUF_TYPE_UINT8; /* read_type sets it on MOE_OK; GCC cannot see that at -O2 */
+        gguf_value_type type = GGUF_TYPE_UINT8; /* read_type sets it on MOE_OK; GCC -O3 cannot see that */
         moe_status st = read_str(c, "key", &kv->key);
         if (st == MOE_OK) st = read_type(c, "value type", &type);
         if (st == MOE_OK) st = parse_value(c, type, 0, &kv->value);
