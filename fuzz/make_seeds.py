@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora of fuzz_safetensors and fuzz_tokenizer:
+"""Writes the seed corpora of fuzz_safetensors, fuzz_tokenizer and
+fuzz_chat_template:
 
     python3 fuzz/make_seeds.py fuzz/corpus
 
-into fuzz/corpus/safetensors and fuzz/corpus/tokenizer (committed; rerun
-after a change to either input format). Small valid inputs covering the
-features, and a few malformed ones next to them.
+into fuzz/corpus/safetensors, fuzz/corpus/tokenizer and
+fuzz/corpus/chat_template (committed; rerun after a change to an input
+format or to the templates in tests/data/chat_templates). Small valid
+inputs covering the features, and a few malformed ones next to them.
 """
 import json
 import os
@@ -116,9 +118,62 @@ def tokenizer_seeds():
     return seeds
 
 
+# --- fuzz_chat_template: family byte, then NUL-separated source and messages ---
+
+DETECTED, CHATML, QWEN3, LLAMA3, MISTRAL, BY_NAME, NONE, UNKNOWN = range(8)
+PROMPT, NO_SOURCE = 8, 16
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "chat_templates")
+
+# llama.cpp's test conversation, as in tests/test_chat_template.c.
+CONVERSATION = [("s", "You are a helpful assistant"), ("u", "Hello"), ("a", "Hi there"), ("u", "Who are you"),
+                ("a", "   I am an assistant   "), ("u", "Another question")]
+THINKING = [("u", "q1"), ("a", "x<think>a\n</think>b</think>\n\nc"), ("u", "q2"), ("a", "plain"),
+            ("a", "<think>t</think>thought"), ("u", "<tool_response>\n42\n</tool_response>"),
+            ("a", "<think>\n\nr\n\n</think>\n\ndone")]
+
+
+def chat(head, source, messages):
+    """A role of None is a message without its role byte: no content."""
+    fields = [source.encode()] + [(role + content if role else content).encode() for role, content in messages]
+    return bytes([head]) + b"\0".join(fields)
+
+
+def template(name):
+    with open(os.path.join(TEMPLATES, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def chat_template_seeds():
+    seeds = {}
+    for name in sorted(os.listdir(TEMPLATES)):
+        seeds[name.replace(".jinja", ".bin")] = chat(DETECTED | PROMPT, template(name), CONVERSATION)
+    seeds["qwen3_thinking.bin"] = chat(QWEN3, "", THINKING)
+    seeds["qwen3_thinking_prompt.bin"] = chat(QWEN3 | PROMPT, "", THINKING[:3])
+    seeds["chatml_by_name.bin"] = chat(BY_NAME | PROMPT, "chatml", CONVERSATION[1:])
+    seeds["llama3_unicode.bin"] = chat(LLAMA3 | PROMPT, "llama3", [
+        ("u", "\u00a0 \tHi\u3000there \u2029\x1f\r\n"), ("a", "\u200b\u180e x \u0085"), ("s", " \n ")])
+    seeds["mistral_by_name.bin"] = chat(BY_NAME, "mistral", CONVERSATION)
+    seeds["default_system.bin"] = chat(
+        DETECTED, "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+        "{{- '<|im_start|>system\\nYou are Qwen.<|im_end|>\\n' }}<|im_start|>system\nreal<|im_end|>", [("u", "hi")])
+    # Refused: roles out of mistral's order, an unknown role, no content, no
+    # messages, an unknown name or family, no source; invalid UTF-8.
+    seeds["bad_mistral_order.bin"] = chat(MISTRAL, "[INST]", [("u", "a"), ("u", "b")])
+    seeds["bad_role.bin"] = chat(CHATML, "", [("u", "a"), ("x", "b")])
+    seeds["bad_no_content.bin"] = chat(LLAMA3, "", [("u", "a"), (None, "")])
+    seeds["bad_no_messages.bin"] = chat(QWEN3 | PROMPT, "<|im_start|></think>", [])
+    seeds["bad_name.bin"] = chat(BY_NAME, "vicuna", [("u", "a")])
+    seeds["bad_none.bin"] = chat(NONE | PROMPT, "", [("u", "a")])
+    seeds["bad_unknown.bin"] = chat(UNKNOWN, "", [("u", "a")])
+    seeds["bad_no_source.bin"] = chat(DETECTED | NO_SOURCE, "<|im_start|>", [("u", "a")])
+    seeds["invalid_utf8.bin"] = chat(LLAMA3, "", [("u", "x")]) + b"\xe3\x80 \xc2\xa0\xc0\xa0\xff \xe2\x80\xa8"
+    return seeds
+
+
 def main():
     root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
-    for target, seeds in (("safetensors", safetensors_seeds()), ("tokenizer", tokenizer_seeds())):
+    for target, seeds in (("safetensors", safetensors_seeds()), ("tokenizer", tokenizer_seeds()),
+                          ("chat_template", chat_template_seeds())):
         os.makedirs(os.path.join(root, target), exist_ok=True)
         for name, data in seeds.items():
             with open(os.path.join(root, target, name), "wb") as f:

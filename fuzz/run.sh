@@ -7,6 +7,9 @@
 #   safetensors  the safetensors reader of `moe convert` (fuzz_safetensors)
 #   tokenizer    encoding and decoding with a fixed vocabulary, and loading
 #                vocabularies made from the input (fuzz_tokenizer)
+#   chat_template  the chat template families: detection from a template
+#                  source, its default system message, and rendering
+#                  conversations (fuzz_chat_template)
 #
 # Builds the target with clang into build-fuzz ($MOE_FUZZ_BUILD if set),
 # runs it on a working copy of its seed corpus (fuzz/corpus-run/TARGET,
@@ -16,16 +19,17 @@
 # with build-fuzz/fuzz/fuzz_TARGET FILE. Targets may run side by side once
 # built: each has its own corpus, log and artifacts. The committed seeds
 # come from fuzz/gguf_seeds.c (gguf) and fuzz/make_seeds.py (safetensors,
-# tokenizer).
+# tokenizer, chat_template).
 set -euo pipefail
 
 seconds=${1:-60}
 target=${2:-gguf}
 case $target in
   gguf) max_len=16384 ;;
-  request | tokenizer) max_len=4096 ;;
+  request | tokenizer | chat_template) max_len=4096 ;;
   safetensors) max_len=8192 ;;
-  *) echo "fuzz/run.sh: unknown target '$target' (gguf, request, safetensors or tokenizer)" >&2; exit 2 ;;
+  *) echo "fuzz/run.sh: unknown target '$target' (gguf, request, safetensors, tokenizer or chat_template)" >&2
+     exit 2 ;;
 esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${MOE_FUZZ_BUILD:-$root/build-fuzz}

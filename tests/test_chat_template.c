@@ -252,6 +252,14 @@ static void test_names(void) {
            err.message);
     CHECK(chat_template_by_name(NULL, &err) == CHAT_TEMPLATE_NONE);
     CHECK(strcmp(chat_template_name((chat_template_id)99), "none") == 0);
+
+    /* A name longer than the message still leaves room for the list (found
+     * by fuzz_chat_template: it used to be cut off). */
+    char long_name[sizeof err.message + 1];
+    memset(long_name, 'x', sizeof long_name - 1);
+    long_name[sizeof long_name - 1] = '\0';
+    CHECK(chat_template_by_name(long_name, &err) == CHAT_TEMPLATE_NONE);
+    CHECKF(strstr(err.message, "\"xxxx") && strstr(err.message, "chatml, qwen3, llama3, mistral"), "%s", err.message);
 }
 
 static void test_stop_strings(void) {

@@ -89,7 +89,8 @@ const char *const *chat_template_stops(chat_template_id id) {
 chat_template_id chat_template_by_name(const char *name, moe_error *err) {
     for (size_t id = CHAT_TEMPLATE_NONE + 1; name && id < N_FAMILIES; id++)
         if (strcmp(name, families[id].name) == 0) return (chat_template_id)id;
-    moe_error_set(err, MOE_ERR_INVALID_ARG, "unknown chat template \"%s\"; the known ones are " VALID_NAMES,
+    /* The name is cut short so that a long one cannot push the list out of the message. */
+    moe_error_set(err, MOE_ERR_INVALID_ARG, "unknown chat template \"%.64s\"; the known ones are " VALID_NAMES,
                   name ? name : "(null)");
     return CHAT_TEMPLATE_NONE;
 }
