@@ -145,10 +145,12 @@ if [ "${MOE_TESTS:-1}" = 1 ] && [ -x "$BUILD/tests/test_cuda_forward" ]; then
     step forward_each 200 "$OUT/forward.log" env MOE_CUDA_EXPERTS=each "$BUILD/tests/test_cuda_forward"
 fi
 if [ "${MOE_TESTS:-1}" = 1 ] && [ -x "$BUILD/tests/test_cuda_forward" ]; then
-    # the attention's grouped kernel from position 20 (it runs from 2048 by
-    # default): each step's second captured graph, switched to mid-sequence
-    # (after forward_each: results.md counts the lines)
-    step forward_grouped 200 "$OUT/forward.log" env MOE_CUDA_ATTN_GROUPED_FROM=20 "$BUILD/tests/test_cuda_forward"
+    # the attention's three ways in one sequence (head blocks to position
+    # 10, per head, grouped from 20; by default 128 and 2048): each step's
+    # three captured graphs, switched mid-sequence (after forward_each:
+    # results.md counts the lines)
+    step forward_grouped 200 "$OUT/forward.log" env MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL=10 MOE_CUDA_ATTN_GROUPED_FROM=20 \
+        "$BUILD/tests/test_cuda_forward"
 fi
 
 if [ -n "${SYNTH_PID:-}" ]; then

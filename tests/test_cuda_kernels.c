@@ -506,7 +506,7 @@ static double rel_l2_double(const float *got, const double *want, size_t n) {
  * (n_splits 0) or, for one token, the decode step's over n_splits blocks
  * per KV head. tol: the output's relative L2 bound (bf16 operands on
  * tensor cores take 1e-2). */
-static void check_attention(const attn_case *k, int n_splits, double tol) {
+static void check_attention(const attn_case *k, int n_splits, const char *way, double tol) {
     const int hd = k->hd, q_dim = k->n_heads * hd, kv_dim = k->n_kv * hd, n_ctx = k->pos + k->T + 5;
     const size_t cache_n = (size_t)n_ctx * kv_dim;
     const bool full = k->qk_norm == QK_NORM_FULL;
@@ -534,10 +534,10 @@ static void check_attention(const attn_case *k, int n_splits, double tol) {
     memcpy(k_gpu, k_in, cache_n * sizeof(float));
     memcpy(v_gpu, v_in, cache_n * sizeof(float));
     a.rope_freqs = freqs, a.q_norm = qn, a.k_norm = kn, a.bq = bq, a.bk = bk, a.bv = bv, a.qkv = qkv;
-    char label[96];
-    snprintf(label, sizeof label, "T=%d pos=%d heads %d/%d hd %d rot %d%s%s qk_norm %d splits %d", k->T, k->pos,
+    char label[128];
+    snprintf(label, sizeof label, "T=%d pos=%d heads %d/%d hd %d rot %d%s%s qk_norm %d splits %d%s", k->T, k->pos,
              k->n_heads, k->n_kv, hd, k->n_rot, k->neox ? " neox" : "", k->bias ? " bias" : "", (int)k->qk_norm,
-             n_splits);
+             n_splits, way);
     moe_error err = {0};
     moe_status st = n_splits ? cuda_test_decode_attention(&a, n_splits, k_gpu, v_gpu, out, &err)
                              : cuda_test_prefill_attention(&a, k_gpu, v_gpu, out, &err);
@@ -591,18 +591,18 @@ static void test_prefill_attention(void) {
      * heads are 64 or 128 wide (the default) */
     setenv("MOE_CUDA_ATTN_MMA", "0", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_attention(&cases[i], 0, 1e-5);
+        check_attention(&cases[i], 0, "", 1e-5);
     setenv("MOE_CUDA_ATTN_MMA", "1", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_attention(&cases[i], 0, cases[i].hd == 64 || cases[i].hd == 128 ? 1e-2 : 1e-5);
+        check_attention(&cases[i], 0, "", cases[i].hd == 64 || cases[i].hd == 128 ? 1e-2 : 1e-5);
     unsetenv("MOE_CUDA_ATTN_MMA");
 }
 
-/* The decode step's attention both ways (attention.cu): one token after
- * pos cached ones, split over 1 to 32 blocks per KV head (the merge), 1 to
- * 16 warps a query head per head, 2 to 8 query heads a warp and 1 to 4
- * head groups a block grouped (the fold of a block's warps), every lane
- * width. */
+/* The decode step's attention all three ways (attention.cu): one token
+ * after pos cached ones, split over 1 to 32 blocks per KV head or query
+ * head (the merge), 1 to 16 warps a query head per head, 16 with head
+ * blocks, 2 to 8 query heads a warp and 1 to 4 head groups a block grouped
+ * (the fold of a block's warps), every lane width. */
 static void test_decode_attention(void) {
     const struct {
         attn_case k;
@@ -625,13 +625,18 @@ static void test_decode_attention(void) {
         {{1, 45, 4, 2, 24, 24, true, false, false, QK_NORM_PER_HEAD, 1.0f}, 4},     /* hd 24: part of a warp */
         {{1, 60, 4, 2, 6, 6, false, false, false, QK_NORM_NONE, 1.0f}, 3},         /* hd 6: six lanes a head */
     };
-    /* per head, then grouped wherever the heads have groups (a power of two above 1) */
-    setenv("MOE_CUDA_ATTN_GROUPED_FROM", "2147483647", 1);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_attention(&cases[i].k, cases[i].n_splits, 1e-5);
-    setenv("MOE_CUDA_ATTN_GROUPED_FROM", "0", 1);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_attention(&cases[i].k, cases[i].n_splits, 1e-5);
+    /* per head, head blocks wherever G > 1 (at every position: their merges too), grouped wherever the heads have
+     * groups (a power of two above 1) */
+    const struct {
+        const char *until, *from, *name;
+    } ways[] = {{"0", "2147483647", " per head"}, {"2147483647", "2147483647", " head blocks"}, {"0", "0", " grouped"}};
+    for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
+        setenv("MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL", ways[w].until, 1);
+        setenv("MOE_CUDA_ATTN_GROUPED_FROM", ways[w].from, 1);
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            check_attention(&cases[i].k, cases[i].n_splits, ways[w].name, 1e-5);
+    }
+    unsetenv("MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL");
     unsetenv("MOE_CUDA_ATTN_GROUPED_FROM");
 }
 

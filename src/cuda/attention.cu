@@ -18,15 +18,22 @@
  * pulled into L2; the norms' weights and the position's rotation are in
  * registers before the wait too.
  *
- * Two ways to share a block's warps among the G query heads of KV head g,
- * two kernels picked by the position (the host captures the decode step
- * once with each and replays the one for the position, cuda_forward.cu):
- *  - per head (short contexts): W = 16 / G warps for each query head, taking
- *    turns over the block's positions; a key or value row is read from
- *    memory once and from L1 by the other heads' warps. Every warp prepares
- *    its head and its own copy of the new key and value (a few hundred
- *    redundant flops instead of a barrier). The shortest path while a warp
- *    has few batches.
+ * Three ways to share the work among blocks and warps (attn_way), picked
+ * by the position (the host captures the decode step once with each and
+ * replays the one for the position, cuda_forward.cu):
+ *  - head blocks (the shortest contexts): a block a query head, its 16
+ *    warps taking turns over the block's positions, so that a block covers
+ *    16 batches a round: up to 128 positions (Qwen3) one block takes them
+ *    all, one batch a warp loaded before the wait, and there is no merge,
+ *    where the per-head way merges up to 32 splits of 8 heads (a third of
+ *    its launch, decode-plan facts 76 and 78). The G blocks of a KV head
+ *    read its rows from L2, 8 times the per-head way's L2 traffic: past one
+ *    round the per-head way is faster again (fact 80).
+ *  - per head: a block a KV head, W = 16 / G warps for each of its G query
+ *    heads; a key or value row is read from memory once and from L1 by the
+ *    other heads' warps. The same code as head blocks, with G heads a
+ *    block: every warp prepares its head and its own copy of the new key
+ *    and value (a few hundred redundant flops instead of a barrier).
  *  - grouped (cuda_attention_grouped_from, G a power of two above 1): a
  *    warp scores HP heads at once against each key it loads (up to 8, at
  *    most 32 / DPL so that their outputs fit in 32 registers), and the
@@ -40,13 +47,14 @@
  * unrolled version (190 KB of code) waiting on instruction fetches for most
  * of its 25 us.
  *
- * The block whose range holds the current position writes the new key and
- * value to the cache; other blocks only read earlier positions, so no
- * cache entry is read while it is written. A block's warps fold their (m,
- * l, output) through shared memory. When one block covers the whole range
- * it writes the output itself. Otherwise each block leaves, per head, its
+ * The block whose range holds the current position (the one of the KV
+ * head's first query head, with head blocks) writes the new key and value
+ * to the cache; other blocks only read earlier positions, so no cache entry
+ * is read while it is written. A block's warps fold their (m, l, output)
+ * through shared memory. When one block covers the whole range it writes
+ * the output itself. Otherwise each block leaves, per head, its
  * unnormalised output and its m and l (two arrays, so the outputs stay
- * 16-byte aligned); the last active block of the KV head (an atomic
+ * 16-byte aligned); the last active block of the same heads (an atomic
  * ticket) merges them: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M).
  *
  * RoPE angles come from a table made on the host at state creation with
@@ -439,20 +447,79 @@ __device__ __forceinline__ void append_kv(const attn_args &a, int g, int pos, co
     store_dims<DPL>(a.v_cache + (int64_t)pos * kv_dim + g * a.hd + d0, v, d0 < a.hd);
 }
 
+/* ---------------------------------------------------------------- a block's fold */
+
+/* A warp leaves its state in shared memory: outputs slots[w][head] (hd
+ * floats each), (m, l) in ml[w][head], head = hg * HP + hh of the block's
+ * Gb. */
+template <int DPL, int HP>
+__device__ __forceinline__ void leave_state(const softmax_state<DPL, HP> &st, float *slots, float2 *ml, int Gb, int hg,
+                                            int w, int hd) {
+    constexpr int B = attn_shape<DPL, HP>::BATCH, S = scatter_shift(HP * B);
+    const int lane = threadIdx.x & 31, d0 = lane * DPL;
+#pragma unroll
+    for (int hh = 0; hh < HP; hh++) store_dims<DPL>(slots + (w * Gb + hg * HP + hh) * hd + d0, st.acc[hh], d0 < hd);
+    if (lane % (B << S) == 0) ml[w * Gb + hg * HP + lane / (B << S)] = make_float2(st.m, st.l);
+}
+
+/* The weights of up to 32 partial softmaxes, lane i holding part i's (m,
+ * l) and (-inf, 0) past the last: e^(m_i - M) at lane i; M, the largest
+ * m, and L = sum_i l_i e^(m_i - M) at every lane. */
+__device__ __forceinline__ float part_weight(float2 ml, float &M, float &L) {
+    M = warp_max(ml.x);
+    const float f = expf(ml.x - M);
+    L = warp_sum(ml.y * f);
+    return f;
+}
+
+/* Folds the states the first `busy` warps of each of the block's Gb heads
+ * left (those with positions; heads h0.. of KV head g): warp hb < Gb weighs
+ * head hb's, its lane w warp w's, in place of their m, and leaves (M, L) in
+ * head_ml; every thread then sums the weighted outputs of its values and
+ * writes the block's result: the output itself when the block covered the
+ * whole range, else its part for the merge. All warps at once, where
+ * fold_head_warps is one warp's chain. */
+__device__ __forceinline__ void fold_block_warps(const attn_args &a, const float *slots, float2 *ml, float2 *head_ml,
+                                                 int Gb, int h0, int busy, int g, int split, int n_active) {
+    const int G = a.n_heads / a.n_kv, hd = a.hd, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (warp < Gb) {
+        float M, L;
+        const float f = part_weight(lane < busy ? ml[lane * Gb + warp] : make_float2(-INFINITY, 0.0f), M, L);
+        if (lane < busy) ml[lane * Gb + warp].x = f;
+        if (lane == 0) head_ml[warp] = make_float2(M, L);
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < Gb * hd; t += blockDim.x) {
+        const int hb = t / hd, d = t % hd, head = h0 + hb;
+        float o = 0.0f;
+        for (int w = 0; w < busy; w++) o += ml[w * Gb + hb].x * slots[(w * Gb + hb) * hd + d];
+        const float2 ML = head_ml[hb];
+        if (n_active == 1) { /* the whole range was this block's */
+            a.out[(g * G + head) * hd + d] = o / ML.y;
+        } else {
+            const int slot = (g * a.n_splits + split) * G + head;
+            a.part_out[(size_t)slot * hd + d] = o;
+            if (d == 0) ((float2 *)a.part_ml)[slot] = ML;
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- per head */
 
-/* Folds the (m, l, acc) of warps 1..W-1 of each head into warp 0's, through
- * shared memory: (W - 1) * G slots of hd floats (16-byte aligned), then
- * their (m, l). Warp 0 of a head always has positions, so its m is finite
- * and an idle warp's (m = -inf) weighs exp(-inf) = 0. */
+/* Folds the (m, l, acc) of warps 1..W-1 of each of the block's Gb heads
+ * into warp 0's, through shared memory: (W - 1) * Gb slots of hd floats
+ * (16-byte aligned), then their (m, l); hb is the warp's head of the
+ * block's. Warp 0 of a head always has positions, so its m is finite and
+ * an idle warp's (m = -inf) weighs exp(-inf) = 0. One warp's chain of W -
+ * 1 steps: for the per-head way's few warps a head. */
 template <int DPL>
-__device__ __forceinline__ void fold_head_warps(float *slots, int W, int G, int h, int w, int hd, float &m, float &l,
+__device__ __forceinline__ void fold_head_warps(float *slots, int W, int Gb, int hb, int w, int hd, float &m, float &l,
                                                 float *acc) {
     const int lane = threadIdx.x & 31, d0 = lane * DPL;
     const bool mine = d0 < hd;
-    float2 *ml = (float2 *)(slots + (W - 1) * G * hd);
+    float2 *ml = (float2 *)(slots + (W - 1) * Gb * hd);
     if (w > 0) {
-        const int slot = (w - 1) * G + h;
+        const int slot = (w - 1) * Gb + hb;
         store_dims<DPL>(slots + slot * hd + d0, acc, mine);
         if (lane == 0) ml[slot] = make_float2(m, l);
     }
@@ -460,7 +527,7 @@ __device__ __forceinline__ void fold_head_warps(float *slots, int W, int G, int 
     if (w > 0) return;
 #pragma unroll 1
     for (int j = 1; j < W; j++) {
-        const int slot = (j - 1) * G + h;
+        const int slot = (j - 1) * Gb + hb;
         float o[DPL];
         load_dims<DPL>(slots + slot * hd + d0, o, mine);
         const float2 other = ml[slot];
@@ -472,12 +539,14 @@ __device__ __forceinline__ void fold_head_warps(float *slots, int W, int G, int 
     }
 }
 
-/* The last block of KV head g merges its n active splits (n <= 32): warp
- * (h, w) takes head h's splits w, w + W, ..., MB a round, every lane holding
- * the m and l of split `lane`; the W sums meet in shared memory and warp 0
- * of the head writes the output. */
+/* The last block of the same heads merges their n active splits (n <= 32):
+ * warp (h, w) takes head h's splits w, w + W, ..., MB a round, every lane
+ * holding the m and l of split `lane`; the W sums meet in shared memory
+ * (slots by hb, the head's place among the block's Gb) and warp 0 of the
+ * head writes the output. */
 template <int DPL>
-__device__ __forceinline__ void merge_head_splits(const attn_args &a, float *slots, int W, int g, int h, int w, int n) {
+__device__ __forceinline__ void merge_head_splits(const attn_args &a, float *slots, int W, int Gb, int g, int h, int hb,
+                                                  int w, int n) {
     const int G = a.n_heads / a.n_kv, hd = a.hd, lane = threadIdx.x & 31, d0 = lane * DPL;
     const bool mine = d0 < hd;
     const int first = g * a.n_splits * G + h, stride = G * hd; /* (g, split 0, h); floats between splits */
@@ -508,13 +577,13 @@ __device__ __forceinline__ void merge_head_splits(const attn_args &a, float *slo
         }
     }
     if (W > 1) { /* warps 1..W-1 hand their sums to warp 0 */
-        if (w > 0) store_dims<DPL>(slots + ((w - 1) * G + h) * hd + d0, out, mine);
+        if (w > 0) store_dims<DPL>(slots + ((w - 1) * Gb + hb) * hd + d0, out, mine);
         __syncthreads();
         if (w > 0) return;
 #pragma unroll 1
         for (int j = 1; j < W; j++) {
             float o[DPL];
-            load_dims<DPL>(slots + ((j - 1) * G + h) * hd + d0, o, mine);
+            load_dims<DPL>(slots + ((j - 1) * Gb + hb) * hd + d0, o, mine);
 #pragma unroll
             for (int i = 0; i < DPL; i++) out[i] += o[i];
         }
@@ -522,13 +591,23 @@ __device__ __forceinline__ void merge_head_splits(const attn_args &a, float *slo
     store_dims<DPL>(a.out + (g * G + h) * hd + d0, out, mine);
 }
 
-/* The per-head way (see the top of this file): warp (h, w) takes query
- * head h = warp % G and every W-th batch of the block's range from w. */
-template <int DPL>
+/* Head blocks: the block's shared memory, in floats: the W warps' outputs
+ * and their (m, l) for fold_block_warps, and its head's (M, L); the
+ * merge's W - 1 slots fit in it. */
+static int head_block_smem_floats(int hd) { return attn_warps_per_head(1) * (hd + 2) + 2; }
+
+/* The per-head way and head blocks (see the top of this file): the block's
+ * Gb heads from h0 of KV head g; warp (hb, w) takes head h0 + hb, hb = warp
+ * % Gb, and every W-th batch of the block's range from w. */
+template <int DPL, int GB>
 __device__ __forceinline__ void attention_per_head(const attn_args &a, float *smem, int *flag, int pos) {
     constexpr int B = attn_shape<DPL, 1>::BATCH;
-    const int G = a.n_heads / a.n_kv, W = attn_warps_per_head(G), hd = a.hd, g = blockIdx.x, split = blockIdx.y;
-    const int warp = threadIdx.x >> 5, h = warp % G, w = warp / G, lane = threadIdx.x & 31, d0 = lane * DPL;
+    constexpr bool HEAD_BLOCKS = GB > 0;
+    const int G = a.n_heads / a.n_kv, Gb = HEAD_BLOCKS ? GB : G, W = attn_warps_per_head(Gb), hd = a.hd;
+    const int g = HEAD_BLOCKS ? blockIdx.x / (G / GB) : blockIdx.x, split = blockIdx.y;
+    const int h0 = HEAD_BLOCKS ? blockIdx.x % (G / GB) * GB : 0;
+    const int warp = threadIdx.x >> 5, hb = warp % Gb, h = h0 + hb, w = warp / Gb, lane = threadIdx.x & 31;
+    const int d0 = lane * DPL;
     const bool mine = d0 < hd;
     int start, end;
     const int n_active = split_range(a, pos + 1, W * B, start, end);
@@ -549,26 +628,30 @@ __device__ __forceinline__ void attention_per_head(const attn_args &a, float *sm
     prepare<DPL>(a, hc, g, h, query.q, k, v);
     trace_mark(a.trace, TRACE_STAGED);
     if constexpr (!preload) load_cached<DPL, 1>(a, g, pos, start + w * B, end, first);
-    if (warp == 0 && pos >= start && pos < end) append_kv<DPL>(a, g, pos, k, v);
+    if (warp == 0 && h == 0 && pos >= start && pos < end) append_kv<DPL>(a, g, pos, k, v);
     softmax_state<DPL, 1> st;
     clear_state(st);
     attend<DPL, 1>(a, g, pos, start + w * B, end, W * B, query, k, v, first, st);
-    if (W > 1) fold_head_warps<DPL>(smem, W, G, h, w, hd, st.m, st.l, st.acc[0]);
-    trace_mark(a.trace, TRACE_WORKED);
-
-    if (w == 0) {
-        if (n_active == 1) { /* the whole range was this block's */
+    if constexpr (HEAD_BLOCKS) {
+        float2 *ml = (float2 *)(smem + W * Gb * hd), *head_ml = ml + W * Gb;
+        leave_state<DPL, 1>(st, smem, ml, Gb, hb, w, hd);
+        __syncthreads();
+        fold_block_warps(a, smem, ml, head_ml, Gb, h0, min(W, (end - start + B - 1) / B), g, split, n_active);
+    } else {
+        if (W > 1) fold_head_warps<DPL>(smem, W, Gb, hb, w, hd, st.m, st.l, st.acc[0]);
+        if (w == 0 && n_active == 1) { /* the whole range was this block's */
 #pragma unroll
             for (int i = 0; i < DPL; i++) st.acc[0][i] /= st.l;
             store_dims<DPL>(a.out + (g * G + h) * hd + d0, st.acc[0], mine);
-        } else {
+        } else if (w == 0) {
             const int slot = (g * a.n_splits + split) * G + h;
             store_dims<DPL>(a.part_out + (size_t)slot * hd + d0, st.acc[0], mine);
             if (lane == 0) ((float2 *)a.part_ml)[slot] = make_float2(st.m, st.l);
         }
     }
-    if (n_active == 1 || !last_block(a.counters + g, n_active, flag)) return;
-    merge_head_splits<DPL>(a, smem, W, g, h, w, n_active);
+    trace_mark(a.trace, TRACE_WORKED);
+    if (n_active == 1 || !last_block(a.counters + blockIdx.x, n_active, flag)) return;
+    merge_head_splits<DPL>(a, smem, W, Gb, g, h, hb, w, n_active);
     trace_mark(a.trace, TRACE_EXIT);
 }
 
@@ -580,59 +663,6 @@ __device__ __forceinline__ void attention_per_head(const attn_args &a, float *sm
  * the per-head merge's (16 / G - 1) x G slots fit in W x G = 16 HP. */
 static int grouped_smem_floats(int G, int hd, int hp) {
     return G * hd + 2 * hd + attn_warps_per_group(G, hp) * G * (hd + 2) + 2 * G;
-}
-
-/* A warp leaves its state in shared memory: outputs slots[w][head] (hd
- * floats each), (m, l) in ml[w][head], head = hg * HP + hh of G. */
-template <int DPL, int HP>
-__device__ __forceinline__ void leave_state(const softmax_state<DPL, HP> &st, float *slots, float2 *ml, int G, int hg,
-                                            int w, int hd) {
-    constexpr int B = attn_shape<DPL, HP>::BATCH, S = scatter_shift(HP * B);
-    const int lane = threadIdx.x & 31, d0 = lane * DPL;
-#pragma unroll
-    for (int hh = 0; hh < HP; hh++) store_dims<DPL>(slots + (w * G + hg * HP + hh) * hd + d0, st.acc[hh], d0 < hd);
-    if (lane % (B << S) == 0) ml[w * G + hg * HP + lane / (B << S)] = make_float2(st.m, st.l);
-}
-
-/* The weights of up to 32 partial softmaxes, lane i holding part i's (m,
- * l) and (-inf, 0) past the last: e^(m_i - M) at lane i; M, the largest
- * m, and L = sum_i l_i e^(m_i - M) at every lane. */
-__device__ __forceinline__ float part_weight(float2 ml, float &M, float &L) {
-    M = warp_max(ml.x);
-    const float f = expf(ml.x - M);
-    L = warp_sum(ml.y * f);
-    return f;
-}
-
-/* Folds the states of the first `busy` warps of each head group (those
- * with positions): warp h < G weighs head h's, its lane w warp w's, in
- * place of their m, and leaves (M, L) in head_ml; every thread then sums
- * the weighted outputs of its values and writes the block's result: the
- * output itself when the block covered the whole range, else its part for
- * the merge. */
-__device__ __forceinline__ void fold_group_warps(const attn_args &a, const float *slots, float2 *ml, float2 *head_ml,
-                                                 int busy, int g, int split, int n_active) {
-    const int G = a.n_heads / a.n_kv, hd = a.hd, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp < G) {
-        float M, L;
-        const float f = part_weight(lane < busy ? ml[lane * G + warp] : make_float2(-INFINITY, 0.0f), M, L);
-        if (lane < busy) ml[lane * G + warp].x = f;
-        if (lane == 0) head_ml[warp] = make_float2(M, L);
-    }
-    __syncthreads();
-    for (int t = threadIdx.x; t < G * hd; t += ATTN_THREADS) {
-        const int head = t / hd, d = t % hd;
-        float o = 0.0f;
-        for (int w = 0; w < busy; w++) o += ml[w * G + head].x * slots[(w * G + head) * hd + d];
-        const float2 ML = head_ml[head];
-        if (n_active == 1) { /* the whole range was this block's */
-            a.out[(g * G + head) * hd + d] = o / ML.y;
-        } else {
-            const int slot = (g * a.n_splits + split) * G + head;
-            a.part_out[(size_t)slot * hd + d] = o;
-            if (d == 0) ((float2 *)a.part_ml)[slot] = ML;
-        }
-    }
 }
 
 /* The grouped way (see the top of this file): warp (hg, w) takes heads
@@ -682,19 +712,20 @@ __device__ __forceinline__ void attention_grouped(const attn_args &a, float *sme
                     first, st);
     leave_state<DPL, HP>(st, slots, ml, G, hg, w, hd);
     __syncthreads();
-    fold_group_warps(a, slots, ml, head_ml, min(W, (end - start + B - 1) / B), g, split, n_active);
+    fold_block_warps(a, slots, ml, head_ml, G, 0, min(W, (end - start + B - 1) / B), g, split, n_active);
     trace_mark(a.trace, TRACE_WORKED);
     if (n_active == 1 || !last_block(a.counters + g, n_active, flag)) return;
     /* the per-head merge: its warps' layout needs only 16 warps, G x 16 / G */
-    merge_head_splits<DPL>(a, slots, attn_warps_per_head(G), g, warp % G, warp / G, n_active);
+    merge_head_splits<DPL>(a, slots, attn_warps_per_head(G), G, g, warp % G, warp % G, warp / G, n_active);
     trace_mark(a.trace, TRACE_EXIT);
 }
 
 /* ---------------------------------------------------------------- kernels */
 
-/* Two kernels, not one with both ways: together they spill (128 registers
- * at 16 warps). */
-template <int DPL>
+/* GB query heads a block: 1 (head blocks), or 0 for all G of a KV head
+ * (the per-head way). A kernel a way, not one with a switch: together
+ * they spill (128 registers at 16 warps). */
+template <int DPL, int GB>
 __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args a) {
     DYN_SMEM(float, smem);
     __shared__ int flag;
@@ -702,7 +733,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args
     /* The position and the cached keys and values were written by earlier
      * steps, complete before the launch before this one passed its own
      * wait: the range's rows are pulled into L2 while that launch runs. */
-    attention_per_head<DPL>(a, smem, &flag, __ldcg(a.step + 1));
+    attention_per_head<DPL, GB>(a, smem, &flag, __ldcg(a.step + 1));
 }
 
 template <int DPL, int HP>
@@ -737,26 +768,47 @@ static attention_fn grouped_kernel_with(int hp) {
                      : attention_grouped_kernel<DPL, 8>;
 }
 
-static attention_fn attention_kernel_for(int G, int hd, bool grouped) {
+template <int GB>
+static attention_fn per_head_kernel_for(int hd) {
+    return hd <= 32    ? attention_kernel<1, GB>
+           : hd == 64  ? attention_kernel<2, GB>
+           : hd == 128 ? attention_kernel<4, GB>
+                       : attention_kernel<8, GB>;
+}
+
+static attention_fn attention_kernel_for(int G, int hd, int way) {
     const int hp = grouped_hp(G, hd);
-    if (!grouped || hp == 1)
-        return hd <= 32    ? attention_kernel<1>
-               : hd == 64  ? attention_kernel<2>
-               : hd == 128 ? attention_kernel<4>
-                           : attention_kernel<8>;
+    if (way == ATTN_HEAD_BLOCKS) return per_head_kernel_for<1>(hd);
+    if (way == ATTN_PER_HEAD || hp == 1) return per_head_kernel_for<0>(hd);
     if (hd > 128) return hp == 2 ? attention_grouped_kernel<8, 2> : attention_grouped_kernel<8, 4>;
     return hd <= 32 ? grouped_kernel_with<1>(hp) : hd == 64 ? grouped_kernel_with<2>(hp) : grouped_kernel_with<4>(hp);
 }
 
-/* A block's threads: 16 warps grouped, G x W per head. */
-static int attn_threads(int G, bool grouped) { return grouped ? ATTN_THREADS : 32 * G * attn_warps_per_head(G); }
+/* The way a launch for G heads of hd dims takes: grouped only where the
+ * heads have groups, and for G = 1 head blocks are the per-head way. */
+static int way_for(int way, int G, int hd) {
+    if ((way == ATTN_GROUPED && grouped_hp(G, hd) == 1) || (way == ATTN_HEAD_BLOCKS && G == 1)) return ATTN_PER_HEAD;
+    return way;
+}
 
-/* Shared memory per head: the fold's (W - 1) x G slots of hd floats and
- * their (m, l); grouped: see above. */
-static size_t attn_smem(int G, int hd, bool grouped) {
-    const int floats =
-        grouped ? grouped_smem_floats(G, hd, grouped_hp(G, hd)) : (attn_warps_per_head(G) - 1) * G * (hd + 2);
+/* A block's threads: 16 warps, but W a head for the per-head way's G heads. */
+static int attn_threads(int G, int way) {
+    return way == ATTN_PER_HEAD ? 32 * G * attn_warps_per_head(G) : ATTN_THREADS;
+}
+
+/* Shared memory: per head, the fold's (W - 1) x G slots of hd floats and
+ * their (m, l); head blocks and grouped: see above. */
+static size_t attn_smem(int G, int hd, int way) {
+    const int floats = way == ATTN_GROUPED       ? grouped_smem_floats(G, hd, grouped_hp(G, hd))
+                       : way == ATTN_HEAD_BLOCKS ? head_block_smem_floats(hd)
+                                                 : (attn_warps_per_head(G) - 1) * G * (hd + 2);
     return (size_t)floats * sizeof(float);
+}
+
+/* A count of positions from the environment variable `name` (0: none), or `fallback`. */
+static int env_positions(const char *name, int fallback) {
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : fallback;
 }
 
 /* Positions (pos + 1) from which the grouped way runs: where the per-head
@@ -764,40 +816,59 @@ static size_t attn_smem(int G, int hd, bool grouped) {
  * positions for Qwen3-30B-A3B on an H200, 32 splits), or
  * MOE_CUDA_ATTN_GROUPED_FROM; never where G is not a power of two above 1. */
 int cuda_attention_grouped_from(int G, int hd, int n_splits) {
-    const char *v = getenv("MOE_CUDA_ATTN_GROUPED_FROM");
     if (grouped_hp(G, hd) == 1) return INT_MAX;
-    if (v && *v) return atoi(v);
-    return 4 * attn_warps_per_head(G) * (32 / (hd > 32 ? hd / 32 : 1)) * n_splits;
+    return env_positions("MOE_CUDA_ATTN_GROUPED_FROM",
+                         4 * attn_warps_per_head(G) * (32 / (hd > 32 ? hd / 32 : 1)) * n_splits);
+}
+
+/* Positions (pos + 1) up to which head blocks run: while one block takes
+ * them all, a batch a warp (128 for Qwen3-30B-A3B; decode-plan fact 80:
+ * 1.9% faster at tg128 on an H100, and 1.5-2.6% slower than the per-head
+ * way at 128 to 576 positions, where they merge splits), or
+ * MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL; never for G = 1, where they are the
+ * per-head way. */
+int cuda_attention_head_blocks_until(int G, int hd) {
+    if (G == 1) return 0;
+    return env_positions("MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL", attn_warps_per_head(1) * (32 / (hd > 32 ? hd / 32 : 1)));
+}
+
+/* The way for the position (its thresholds from the two above). */
+int cuda_attention_way(int pos, int head_blocks_until, int grouped_from) {
+    return pos + 1 >= grouped_from ? ATTN_GROUPED : pos + 1 <= head_blocks_until ? ATTN_HEAD_BLOCKS : ATTN_PER_HEAD;
 }
 
 /* Lets the kernel for (G, hd) take its shared memory (past 48 KB for
  * Qwen3's 8 heads a warp); at state creation, never inside a capture. */
 cudaError_t cuda_attention_setup(int G, int hd) {
     if (grouped_hp(G, hd) == 1) return cudaSuccess;
-    return cudaFuncSetAttribute(attention_kernel_for(G, hd, true), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)attn_smem(G, hd, true));
+    return cudaFuncSetAttribute(attention_kernel_for(G, hd, ATTN_GROUPED), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)attn_smem(G, hd, ATTN_GROUPED));
 }
 
-/* Blocks per KV head: as many as fit on the GPU at once (a long context
- * is then read by every multiprocessor, so more of its loads are in
- * flight), at most the merge's ATTN_MAX_SPLITS. */
-int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd) {
-    const int G = n_heads / n_kv;
+/* Blocks per KV head (per query head with head_blocks): as many as fit on
+ * the GPU at once (a long context is then read by every multiprocessor,
+ * so more of its loads are in flight), at most the merge's
+ * ATTN_MAX_SPLITS. */
+int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd, bool head_blocks) {
+    const int G = n_heads / n_kv, way = way_for(head_blocks ? ATTN_HEAD_BLOCKS : ATTN_PER_HEAD, G, hd);
     int per_sm = 1;
     cudaError_t e = cuda_attention_setup(G, hd);
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(G, hd, false),
-                                                          attn_threads(G, false), attn_smem(G, hd, false));
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(G, hd, way),
+                                                          attn_threads(G, way), attn_smem(G, hd, way));
     if (e != cudaSuccess || per_sm < 1) per_sm = 1;
-    int splits = per_sm * n_sm / n_kv;
+    int splits = per_sm * n_sm / (way == ATTN_HEAD_BLOCKS ? n_heads : n_kv);
     return splits < 1 ? 1 : splits > ATTN_MAX_SPLITS ? ATTN_MAX_SPLITS : splits;
 }
 
+/* a->n_splits are the way's: blocks a query head with head blocks, a KV
+ * head otherwise. */
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl) {
     const int G = a->n_heads / a->n_kv;
-    const bool grouped = a->grouped && grouped_hp(G, a->hd) > 1;
-    LAUNCH_PDL(pdl, attention_kernel_for(G, a->hd, grouped), dim3(a->n_kv, a->n_splits), attn_threads(G, grouped),
-               attn_smem(G, a->hd, grouped), st, *a);
+    attn_args k = *a;
+    k.way = way_for(a->way, G, a->hd);
+    LAUNCH_PDL(pdl, attention_kernel_for(G, k.hd, k.way), dim3(k.way == ATTN_HEAD_BLOCKS ? k.n_heads : k.n_kv, k.n_splits),
+               attn_threads(G, k.way), attn_smem(G, k.hd, k.way), st, k);
 }
 
 /* cos | sin of every position's RoPE angles, as cpu_rope computes them. */

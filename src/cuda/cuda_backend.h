@@ -301,8 +301,9 @@ moe_status cuda_test_prefill_attention(const cuda_test_attention *a, float *k_ca
                                        moe_error *err);
 
 /* The decode step's attention (attention.cu) for the one token at pos
- * (n_tokens 1, no biases), its cache split over n_splits blocks per KV head;
- * k_cache, v_cache and out as above. */
+ * (n_tokens 1, no biases), its cache split over n_splits blocks per KV head
+ * (per head block with head blocks), the way the position's (as the
+ * MOE_CUDA_ATTN_* variables set it); k_cache, v_cache and out as above. */
 moe_status cuda_test_decode_attention(const cuda_test_attention *a, int n_splits, float *k_cache, float *v_cache,
                                       float *out, moe_error *err);
 

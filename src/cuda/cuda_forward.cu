@@ -179,8 +179,8 @@ static void attention_block(cuda_state *s, int l, bool with_o) {
     a.n_heads = c->n_heads;
     a.n_kv = c->n_kv_heads;
     a.hd = c->head_dim;
-    a.n_splits = s->attn_splits;
-    a.grouped = s->attn_grouped;
+    a.way = s->attn_way;
+    a.n_splits = a.way == ATTN_HEAD_BLOCKS ? s->attn_head_splits : s->attn_splits;
     a.trace = trace_of(s, l, CUDA_STAGE_ATTENTION);
     if (live(s, CUDA_STAGE_ATTENTION)) cuda_attention(&a, s->stream, s->opt.pdl);
     mark(s, CUDA_STAGE_ATTENTION, 2.0 * (s->prof_pos + 1) * s->kv_dim * sizeof(float));
@@ -381,15 +381,17 @@ static moe_status set_step(cuda_state *s, int token, int pos, moe_error *err) {
     return MOE_OK;
 }
 
-/* Which captured step serves position pos: the attention's kernel
- * changes with the context's length (attention.cu). */
-static int step_variant(const cuda_state *s, int pos) { return pos + 1 >= s->attn_grouped_from; }
+/* Which captured step serves position pos: the attention's way changes
+ * with the context's length (attention.cu). */
+static int step_variant(const cuda_state *s, int pos) {
+    return cuda_attention_way(pos, s->attn_head_blocks_until, s->attn_grouped_from);
+}
 
 /* The step at position pos (set on the device by set_step or by the step
  * before). */
 static moe_status run_step(cuda_state *s, int pos, moe_error *err) {
     const int v = step_variant(s, pos);
-    s->attn_grouped = v;
+    s->attn_way = v;
     if (!s->opt.graph) {
         enqueue_step(s);
         CUDA_CHECK(cudaGetLastError());
@@ -465,7 +467,7 @@ moe_status cuda_prefill_timed(cuda_state *s, const int32_t *tokens, int n, float
 /* The captured step is dropped when what it captured changes (profiling:
  * stages left out, the timeline's marks); the next run_step captures anew. */
 static void drop_graph(cuda_state *s) {
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < ATTN_WAYS; v++) {
         if (s->graph_ready[v]) cudaGraphExecDestroy(s->graph[v]);
         s->graph_ready[v] = false;
     }
@@ -541,6 +543,7 @@ moe_status cuda_profile_step(cuda_state *s, int32_t token, int pos, int reps, cu
     if (!per) return moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
     moe_status st = MOE_OK;
     s->prof_pos = pos;
+    s->attn_way = step_variant(s, pos);
     for (int r = -1; r < reps && st == MOE_OK; r++) { /* r = -1: warm-up */
         if ((st = set_step(s, token, pos, err)) != MOE_OK) break;
         s->prof_on = true;
@@ -679,6 +682,7 @@ moe_status cuda_timeline_layer(cuda_state *s, int32_t token, int pos, int layer,
     if (!s->trace) {
         int most = s->max_grid;
         if (c->n_kv_heads * s->attn_splits > most) most = c->n_kv_heads * s->attn_splits;
+        if (c->n_heads * s->attn_head_splits > most) most = c->n_heads * s->attn_head_splits;
         if (c->n_experts > most) most = c->n_experts;
         if (s->moe_ffn_grid > most) most = s->moe_ffn_grid;
         s->trace_blocks = most;
@@ -761,7 +765,7 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     s->part_idx = (int *)carve(base, used, (size_t)s->max_grid * sizeof(int));
     s->step = (int *)carve(base, used, 2 * sizeof(int));
     s->history = (int *)carve(base, used, (size_t)(s->n_ctx + 1) * sizeof(int));
-    s->counters = (unsigned *)carve(base, used, (size_t)(1 + c->n_kv_heads) * sizeof(unsigned));
+    s->counters = (unsigned *)carve(base, used, (size_t)(1 + c->n_heads) * sizeof(unsigned));
     s->grid_bar = (uint64_t *)carve(base, used, sizeof(uint64_t));
     s->rope = (float *)carve(base, used, (size_t)s->n_ctx * c->n_rot * sizeof(float));
 }
@@ -811,8 +815,11 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         s->n_ff_routed = c->n_ff;
         s->h_len = c->n_ff;
     }
-    s->attn_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim);
-    s->attn_grouped_from = cuda_attention_grouped_from(c->n_heads / c->n_kv_heads, c->head_dim, s->attn_splits);
+    const int G = c->n_heads / c->n_kv_heads;
+    s->attn_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim, false);
+    s->attn_head_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim, true);
+    s->attn_grouped_from = cuda_attention_grouped_from(G, c->head_dim, s->attn_splits);
+    s->attn_head_blocks_until = cuda_attention_head_blocks_until(G, c->head_dim);
     s->max_grid = g->n_sm * 32;
 
     size_t need = 0, free_b = 0, total_b = 0;

@@ -160,6 +160,12 @@ struct moe_ffn_fn {
     int (*occupancy)(size_t smem); /* blocks a multiprocessor; 0: cannot run */
 };
 
+/* How the decode attention shares its work among blocks (attention.cu), by
+ * the context's length: a block a query head (short), a block a KV head
+ * with warps a query head, a block a KV head scoring heads in groups
+ * (long). */
+enum attn_way { ATTN_HEAD_BLOCKS, ATTN_PER_HEAD, ATTN_GROUPED, ATTN_WAYS };
+
 struct attn_args {
     const float *qkv;              /* q (n_heads*hd), k, v (n_kv*hd each) */
     const float *q_norm, *k_norm;  /* or NULL */
@@ -172,9 +178,9 @@ struct attn_args {
     float *out;                    /* (n_heads*hd) */
     float *part_out;               /* (n_kv, n_splits, G, hd) */
     float *part_ml;                /* (n_kv, n_splits, G, 2): m, l */
-    unsigned *counters;            /* (n_kv) */
+    unsigned *counters;            /* (n_heads): one a block of a split's heads */
     int n_heads, n_kv, hd, n_splits;
-    bool grouped;                  /* heads scored in groups (long contexts: cuda_attention_grouped_from) */
+    int way;                       /* attn_way */
     uint64_t *trace;
 };
 
@@ -409,17 +415,19 @@ struct cuda_state {
     int *step;                /* [0] token, [1] position */
     int *history;             /* (n_ctx + 1) argmax after each position */
     float *rope;              /* (n_ctx, n_rot) cos | sin, see attention.cu */
-    unsigned *counters;       /* [0] argmax, [1..] attention per KV head */
+    unsigned *counters;       /* [0] argmax, [1..] attention, one a query head */
     uint64_t *grid_bar;       /* grid_sync's counter (moe_ffn launches, all of one grid size) */
     int moe_ffn_grid;         /* > 0: the MoE layers run moe_ffn, this many blocks */
     size_t moe_ffn_smem;
     int q_dim, kv_dim, n_ff_routed, h_len;
-    int attn_splits;
-    int attn_grouped_from; /* positions (pos + 1) from which the attention scores heads in groups */
-    bool attn_grouped;     /* the step being enqueued does */
+    int attn_splits;            /* blocks a KV head (per head, grouped) */
+    int attn_head_splits;       /* blocks a query head (head blocks) */
+    int attn_head_blocks_until; /* positions (pos + 1) up to which head blocks run */
+    int attn_grouped_from;      /* positions (pos + 1) from which the attention scores heads in groups */
+    int attn_way;               /* attn_way of the step being enqueued */
     int max_grid;
-    cudaGraphExec_t graph[2]; /* the step captured for short contexts, and with heads in groups */
-    bool graph_ready[2];
+    cudaGraphExec_t graph[ATTN_WAYS]; /* the step captured with each way of the attention */
+    bool graph_ready[ATTN_WAYS];
     unsigned skip_stages; /* stages left out of the step (1 << CUDA_STAGE_*): profiling only */
     cudaEvent_t ev[2];
     /* stage profile (cuda_profile_step): an event after every stage */
@@ -460,7 +468,9 @@ void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl);
 bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits);
 cudaError_t cuda_attention_setup(int G, int hd);
 int cuda_attention_grouped_from(int G, int hd, int n_splits);
-int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd);
+int cuda_attention_head_blocks_until(int G, int hd);
+int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd, bool head_blocks);
+int cuda_attention_way(int pos, int head_blocks_until, int grouped_from);
 void cuda_rope_table(const model_config *c, const float *rope_freqs, int n_ctx, float *out);
 
 #endif

@@ -1500,19 +1500,20 @@ moe_status cuda_test_decode_attention(const cuda_test_attention *c, int n_splits
         c->pos >= c->n_ctx || !cuda_attention_supported(c->n_heads / c->n_kv_heads, c->head_dim, c->n_rot, n_splits))
         return moe_error_set(err, MOE_ERR_RANGE, "decode attention test: a shape the kernel does not take");
     const size_t n_parts = (size_t)n_splits * c->n_heads; /* (n_kv, n_splits, G) */
+    const int G = c->n_heads / c->n_kv_heads;
     test_allocs t;
     memset(&t, 0, sizeof t);
     attn_test_io io;
     attn_args a;
     memset(&a, 0, sizeof a);
     const int step[2] = {0, c->pos};
-    cudaError_t e = cuda_attention_setup(c->n_heads / c->n_kv_heads, c->head_dim);
+    cudaError_t e = cuda_attention_setup(G, c->head_dim);
     if (e == cudaSuccess) e = upload_attention_io(&t, c, k_cache, v_cache, &io);
     if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.part_out, n_parts * c->head_dim * sizeof(float));
     if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.part_ml, n_parts * 2 * sizeof(float));
-    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.counters, (size_t)c->n_kv_heads * sizeof(unsigned));
+    if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.counters, (size_t)c->n_heads * sizeof(unsigned));
     if (e == cudaSuccess) e = test_alloc(&t, (void **)&a.step, sizeof step);
-    if (e == cudaSuccess) e = cudaMemset(a.counters, 0, (size_t)c->n_kv_heads * sizeof(unsigned));
+    if (e == cudaSuccess) e = cudaMemset(a.counters, 0, (size_t)c->n_heads * sizeof(unsigned));
     if (e == cudaSuccess) e = cudaMemcpy((void *)a.step, step, sizeof step, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) {
         a.qkv = io.qkv, a.q_norm = io.q_norm, a.k_norm = io.k_norm, a.rope = io.rope;
@@ -1521,7 +1522,8 @@ moe_status cuda_test_decode_attention(const cuda_test_attention *c, int n_splits
         a.eps = c->eps;
         a.n_rot = c->n_rot, a.neox = c->neox;
         a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.hd = c->head_dim, a.n_splits = n_splits;
-        a.grouped = c->pos + 1 >= cuda_attention_grouped_from(c->n_heads / c->n_kv_heads, c->head_dim, n_splits);
+        a.way = cuda_attention_way(c->pos, cuda_attention_head_blocks_until(G, c->head_dim),
+                                   cuda_attention_grouped_from(G, c->head_dim, n_splits));
         cuda_attention(&a, 0, false);
         e = cudaGetLastError();
     }
