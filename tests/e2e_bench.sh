@@ -32,6 +32,19 @@ kv = 2 * 4 * 2 * 64 * 4  # tests/fixture_model.c: K and V x 4 layers x 2 KV head
 assert extra > 0 and abs(extra - 16 * kv) <= 1, (extra, 16 * kv)
 PY
 
+# an f16 cache: the backend says so and a cached position counts half the
+# bytes (positions 16..19 read 18.5 cached positions on average)
+expect depth_f16_json "$moe" bench -m model.gguf --device cpu --threads 2 -p 0 -n 4 -d 16 -r 1 -o json --cache-type f16
+python3 - depth_f16_json.out depth_json.out <<'PY' && ok f16_cache_bytes || bad f16_cache_bytes
+import json, sys
+f16, f32 = (json.load(open(p)) for p in sys.argv[1:3])
+assert f16["backend"] == "CPU (f16 KV)" and f32["backend"] == "CPU", (f16["backend"], f32["backend"])
+kv = 2 * 4 * 2 * 64 * 4  # f32 bytes a position, as above
+saved = f32["tests"][0]["bytes_per_token"] - f16["tests"][0]["bytes_per_token"]
+assert abs(saved - 18.5 * kv / 2) <= 1, (saved, 18.5 * kv / 2)
+PY
+expect_fail bad_cache_type 2 "--cache-type wants f32 or f16, not 'q8_0'" "$moe" bench -m model.gguf --device cpu --cache-type q8_0
+
 expect_fail depth_without_gen 2 "-n is 0" "$moe" bench -m model.gguf --device cpu -p 8 -n 0 -d 4
 expect_fail bad_depth 2 "bad -d" "$moe" bench -m model.gguf --device cpu -d -1
 

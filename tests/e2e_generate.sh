@@ -38,6 +38,8 @@ cmp -s s1.out s3.out && bad other_seed_other_text || ok other_seed_other_text
 "$moe" run -m qwen3moe.gguf -p "abc" -n 24 --temp 0 -q --seed 1 >g1.out 2>/dev/null
 "$moe" run -m qwen3moe.gguf -p "abc" -n 24 --temp 0 -q --seed 2 >g2.out 2>/dev/null
 cmp -s g1.out g2.out && ok greedy_ignores_seed || bad greedy_ignores_seed
+expect run_f16_cache "$moe" run -m qwen3moe.gguf -p "abc" -n 24 --temp 0 -q --cache-type f16
+expect_fail run_bad_cache_type 2 "bad value 'f8' for --cache-type" "$moe" run -m qwen3moe.gguf -p hi --cache-type f8
 expect_fail run_missing_model 1 "nothing.gguf" "$moe" run -m nothing.gguf -p hi
 expect run_default_model env -u MOE_MODEL "$moe" run -p "The meaning of life is" -n 8 --seed 1
 expect_fail run_model_from_env 1 "/nonexistent/m.gguf" env MOE_MODEL=/nonexistent/m.gguf "$moe" run -p hi

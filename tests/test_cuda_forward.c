@@ -10,6 +10,8 @@
  *  - the decode step replayed from a CUDA graph and launched kernel by
  *    kernel, with and without programmatic dependent launch, give the same
  *    bits;
+ *  - with the KV cache in f16 on both (cuda_options.kv_f16 and the CPU's
+ *    MOE_KV_F16), the same limits: both round the same keys and values;
  *  - greedy decoding chained on the device (cuda_decode_greedy: each
  *    step's argmax feeds the next, no host round trip) gives the tokens
  *    the host gets by taking the argmax of each step's logits;
@@ -62,6 +64,7 @@
  *    experts than the prefill dequantizes at once), its reference the
  *    CPU on the file itself, activations quantized.
  *
+ * MOE_TEST_KV_F16=1 adds the f16 cache's comparison to MOE_TEST_MODEL's.
  * MOE_TEST_POSITIONS overrides the 64 positions (the CPU simulator of the
  * GPU is slow); MOE_TEST_QUICK=1 runs one case per architecture,
  * MOE_TEST_ONLY=preset:arch:type one case, MOE_TEST_SKIP_SYNTH=1 none
@@ -142,12 +145,13 @@ static void tokens_for(int32_t *ids, int n, int n_vocab, uint32_t seed) {
     }
 }
 
-static float *cpu_logits(const model *m, const int32_t *ids, int n) {
+static float *cpu_logits(const model *m, const int32_t *ids, int n, moe_kv_type kv) {
     size_t vocab = (size_t)m->config.n_vocab;
     float *logits = malloc(n * vocab * sizeof *logits);
     cpu_state *s = NULL;
     moe_error err = {0};
-    CHECKF(cpu_state_new(m, n, n, 0, &s, &err) == MOE_OK, "%s", err.message);
+    cpu_state_params p = {.n_ctx = n, .max_batch = n, .kv_type = kv};
+    CHECKF(cpu_state_new(m, &p, &s, &err) == MOE_OK, "%s", err.message);
     if (s) CHECKF(cpu_forward(s, ids, n, 0, logits, true, &err) == MOE_OK, "%s", err.message);
     cpu_state_free(s);
     return logits;
@@ -213,9 +217,21 @@ static void compare_positions(const char *label, const float *got, const float *
 /* Models whose MoE layers ran as one launch (moe_ffn) beside the CPU. */
 static int one_launch_models;
 
-/* GPU vs CPU on one model; with `variants`, also the launch modes and the
- * device-chained greedy decode. */
-static void check_model(const model *m, const char *label, bool variants) {
+/* GPU vs CPU with both caches in f16. */
+static void check_f16_cache(cuda_model *g, const model *m, const char *label, const int32_t *ids, bool exact) {
+    const int n = n_positions, vocab = m->config.n_vocab;
+    float *want = cpu_logits(m, ids, n, MOE_KV_F16);
+    float *got = gpu_logits_with(g, m, ids, n, (cuda_options){.graph = true, .pdl = true, .kv_f16 = true}, NULL);
+    char f16_label[128];
+    snprintf(f16_label, sizeof f16_label, "%s, f16 KV cache", label);
+    compare_positions(f16_label, got, want, n, vocab, exact);
+    printf("\n");
+    free(want), free(got);
+}
+
+/* GPU vs CPU on one model; with `variants`, also the launch modes, the f16
+ * cache (or with f16) and the device-chained greedy decode. */
+static void check_model(const model *m, const char *label, bool variants, bool f16) {
     const int n = n_positions, vocab = m->config.n_vocab;
     int32_t *ids = malloc((n > 16 ? n : 16) * sizeof *ids);
     tokens_for(ids, n > 16 ? n : 16, vocab, 1234);
@@ -228,7 +244,7 @@ static void check_model(const model *m, const char *label, bool variants) {
         return;
     }
     double t1 = monotonic_seconds();
-    float *want = cpu_logits(m, ids, n);
+    float *want = cpu_logits(m, ids, n, MOE_KV_F32);
     double t2 = monotonic_seconds();
     float *got = gpu_logits(g, m, ids, n, true, true);
     double t3 = monotonic_seconds();
@@ -246,6 +262,7 @@ static void check_model(const model *m, const char *label, bool variants) {
         one_launch_models++;
     }
     free(fused);
+    if (variants || f16) check_f16_cache(g, m, label, ids, exact);
     if (variants) {
         const bool modes[3][2] = {{false, false}, {true, false}, {false, true}};
         for (int v = 0; v < 3; v++) {
@@ -325,7 +342,7 @@ run:
         char label[96];
         snprintf(label, sizeof label, "%s %s%s %s", cases[i].preset, cases[i].arch, cases[i].mixtral ? " (mixtral)" : "",
                  cases[i].type);
-        check_model(m, label, i == 0 || i == n - 1 || strcmp(cases[i].type, "q4_k") == 0);
+        check_model(m, label, i == 0 || i == n - 1 || strcmp(cases[i].type, "q4_k") == 0, false);
         model_free(m);
     }
     /* small-256 qwen3moe q4_k (Q4_K o and experts, an F32 router) runs it;
@@ -442,7 +459,7 @@ static void check_prefill(const model *m, const model *exact, const char *label,
         free(ids);
         return;
     }
-    float *want = cpu_logits(exact, ids, n);
+    float *want = cpu_logits(exact, ids, n, MOE_KV_F32);
     float *la = malloc((size_t)PREFILL_STEPS * vocab * sizeof *la),
           *lb = malloc((size_t)PREFILL_STEPS * vocab * sizeof *lb);
     for (size_t i = 0; i < (size_t)PREFILL_STEPS * vocab; i++)
@@ -620,7 +637,8 @@ static void test_model_file(void) {
     moe_error err = {0};
     CHECKF(model_load(path, &m, &err) == MOE_OK, "%s", err.message);
     if (!m) return;
-    check_model(m, path, false);
+    const char *f16 = getenv("MOE_TEST_KV_F16");
+    check_model(m, path, false, f16 && f16[0] == '1');
     check_prefill(m, m, path, n_positions); /* against the CPU's own int8 activations: no f32 twin at this size */
     model_free(m);
 }

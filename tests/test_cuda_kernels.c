@@ -502,11 +502,19 @@ static double rel_l2_double(const float *got, const double *want, size_t n) {
     return sqrt(num / (den > 0 ? den : 1));
 }
 
+/* The attention's output with an f16 cache: now and then the GPU's float
+ * key rounds to the f16 neighbour of float64's (a 2^-11 step). */
+#define F16_CACHE_TOL 1e-4
+
+static double f16_round(double x) { return block_fp16_to_f32(block_f32_to_fp16((float)x)); }
+
 /* One layer's attention on the GPU against float64: the prefill's
  * (n_splits 0) or, for one token, the decode step's over n_splits blocks
  * per KV head. tol: the output's relative L2 bound (bf16 operands on
- * tensor cores take 1e-2). */
-static void check_attention(const attn_case *k, int n_splits, const char *way, double tol) {
+ * tensor cores take 1e-2). With an f16 cache (kv_f16) the cached rows are
+ * f16 values, the new rows must be within f16's rounding of float64's,
+ * and the output is held to float64's attention over the rounded rows. */
+static void check_attention(const attn_case *k, int n_splits, const char *way, double tol, bool kv_f16) {
     const int hd = k->hd, q_dim = k->n_heads * hd, kv_dim = k->n_kv * hd, n_ctx = k->pos + k->T + 5;
     const size_t cache_n = (size_t)n_ctx * kv_dim;
     const bool full = k->qk_norm == QK_NORM_FULL;
@@ -521,7 +529,8 @@ static void check_attention(const attn_case *k, int n_splits, const char *way, d
                              .qk_norm = k->qk_norm,
                              .eps = 1e-6f,
                              .rope_base = 10000.0f,
-                             .freq_scale = k->freq_scale};
+                             .freq_scale = k->freq_scale,
+                             .kv_f16 = kv_f16};
     float *freqs = k->freqs ? gauss_array((size_t)k->n_rot / 2, 2.0f, 0.5f) : NULL;
     float *qn = k->qk_norm ? gauss_array(full ? q_dim : hd, 1.0f, 0.2f) : NULL;
     float *kn = k->qk_norm ? gauss_array(full ? kv_dim : hd, 1.0f, 0.2f) : NULL;
@@ -529,15 +538,16 @@ static void check_attention(const attn_case *k, int n_splits, const char *way, d
     float *bv = k->bias ? gauss_array(kv_dim, 0.0f, 0.5f) : NULL;
     float *qkv = gauss_array((size_t)k->T * (q_dim + 2 * kv_dim), 0.0f, 1.0f);
     float *k_in = gauss_array(cache_n, 0.0f, 1.0f), *v_in = gauss_array(cache_n, 0.0f, 1.0f);
+    for (size_t i = 0; kv_f16 && i < cache_n; i++) k_in[i] = (float)f16_round(k_in[i]), v_in[i] = (float)f16_round(v_in[i]);
     float *k_gpu = xmalloc(cache_n * sizeof(float)), *v_gpu = xmalloc(cache_n * sizeof(float));
     float *out = xmalloc((size_t)k->T * q_dim * sizeof(float));
     memcpy(k_gpu, k_in, cache_n * sizeof(float));
     memcpy(v_gpu, v_in, cache_n * sizeof(float));
     a.rope_freqs = freqs, a.q_norm = qn, a.k_norm = kn, a.bq = bq, a.bk = bk, a.bv = bv, a.qkv = qkv;
     char label[128];
-    snprintf(label, sizeof label, "T=%d pos=%d heads %d/%d hd %d rot %d%s%s qk_norm %d splits %d%s", k->T, k->pos,
+    snprintf(label, sizeof label, "T=%d pos=%d heads %d/%d hd %d rot %d%s%s qk_norm %d splits %d%s%s", k->T, k->pos,
              k->n_heads, k->n_kv, hd, k->n_rot, k->neox ? " neox" : "", k->bias ? " bias" : "", (int)k->qk_norm,
-             n_splits, way);
+             n_splits, way, kv_f16 ? " f16" : "");
     moe_error err = {0};
     moe_status st = n_splits ? cuda_test_decode_attention(&a, n_splits, k_gpu, v_gpu, out, &err)
                              : cuda_test_prefill_attention(&a, k_gpu, v_gpu, out, &err);
@@ -551,7 +561,9 @@ static void check_attention(const attn_case *k, int n_splits, const char *way, d
                "%s: cache rows before the chunk changed", label);
         double ek = rel_l2_double(k_gpu + before, kc + before, chunk),
                ev = rel_l2_double(v_gpu + before, vc + before, chunk);
-        CHECKF(ek <= 1e-5 && ev <= 1e-5, "%s: new cache rows: k rel L2 %.3g, v %.3g", label, ek, ev);
+        const double cache_tol = kv_f16 ? 1e-3 : 1e-5; /* f16: 2^-11 relative at most an element */
+        CHECKF(ek <= cache_tol && ev <= cache_tol, "%s: new cache rows: k rel L2 %.3g, v %.3g", label, ek, ev);
+        for (size_t i = before; kv_f16 && i < before + chunk; i++) kc[i] = f16_round(kc[i]), vc[i] = f16_round(vc[i]);
         bool untouched = true;
         for (size_t i = before + chunk; i < cache_n; i++)
             untouched &= isnan(k_gpu[i]) && isnan(v_gpu[i]);
@@ -569,7 +581,7 @@ static void check_attention(const attn_case *k, int n_splits, const char *way, d
         }
         CHECKF(worst_out <= tol, "%s: attention output rel L2 %.3g", label, worst_out);
         printf("  %s attention %-62s worst rel L2 %.3g (cache k %.2g v %.2g)\n",
-               n_splits ? "decode" : tol > 1e-5 ? "prefill (mma)" : "prefill", label, worst_out, ek, ev);
+               n_splits ? "decode" : tol >= 1e-2 ? "prefill (mma)" : "prefill", label, worst_out, ek, ev);
         free(q), free(want), free(kc), free(vc);
     }
     free(freqs), free(qn), free(kn), free(bq), free(bk), free(bv), free(qkv), free(k_in), free(v_in);
@@ -591,10 +603,16 @@ static void test_prefill_attention(void) {
      * heads are 64 or 128 wide (the default) */
     setenv("MOE_CUDA_ATTN_MMA", "0", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_attention(&cases[i], 0, "", 1e-5);
+        check_attention(&cases[i], 0, "", 1e-5, false);
     setenv("MOE_CUDA_ATTN_MMA", "1", 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        check_attention(&cases[i], 0, "", cases[i].hd == 64 || cases[i].hd == 128 ? 1e-2 : 1e-5);
+        check_attention(&cases[i], 0, "", cases[i].hd == 64 || cases[i].hd == 128 ? 1e-2 : 1e-5, false);
+    /* an f16 cache, both kernels */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_attention(&cases[i], 0, "", cases[i].hd == 64 || cases[i].hd == 128 ? 1e-2 : F16_CACHE_TOL, true);
+    setenv("MOE_CUDA_ATTN_MMA", "0", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check_attention(&cases[i], 0, "", F16_CACHE_TOL, true);
     unsetenv("MOE_CUDA_ATTN_MMA");
 }
 
@@ -626,16 +644,17 @@ static void test_decode_attention(void) {
         {{1, 60, 4, 2, 6, 6, false, false, false, QK_NORM_NONE, 1.0f}, 3},         /* hd 6: six lanes a head */
     };
     /* per head, head blocks wherever G > 1 (at every position: their merges too), grouped wherever the heads have
-     * groups (a power of two above 1) */
+     * groups (a power of two above 1); the cache in f32, then in f16 */
     const struct {
         const char *until, *from, *name;
     } ways[] = {{"0", "2147483647", " per head"}, {"2147483647", "2147483647", " head blocks"}, {"0", "0", " grouped"}};
-    for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
-        setenv("MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL", ways[w].until, 1);
-        setenv("MOE_CUDA_ATTN_GROUPED_FROM", ways[w].from, 1);
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-            check_attention(&cases[i].k, cases[i].n_splits, ways[w].name, 1e-5);
-    }
+    for (int f16 = 0; f16 <= 1; f16++)
+        for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
+            setenv("MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL", ways[w].until, 1);
+            setenv("MOE_CUDA_ATTN_GROUPED_FROM", ways[w].from, 1);
+            for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+                check_attention(&cases[i].k, cases[i].n_splits, ways[w].name, f16 ? F16_CACHE_TOL : 1e-5, f16);
+        }
     unsetenv("MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL");
     unsetenv("MOE_CUDA_ATTN_GROUPED_FROM");
 }

@@ -76,6 +76,31 @@ static void test_feed_and_logits(void) {
     moe_session_free(s);
 }
 
+/* An f16 cache: the logits within its rounding of an f32 cache's, and not
+ * the same bits (the cache did hold f16); an unknown type is refused. */
+static void test_f16_kv_cache(void) {
+    moe_session_params p = moe_session_default_params();
+    p.n_ctx = 16;
+    moe_session *s32 = NULL, *s16 = NULL, *bad = NULL;
+    moe_error err = {0};
+    CHECKF(moe_session_new(model, &p, &s32, &err) == MOE_OK, "%s", err.message);
+    p.kv_type = MOE_KV_F16;
+    CHECKF(moe_session_new(model, &p, &s16, &err) == MOE_OK, "%s", err.message);
+    int32_t ids[8] = {10, 20, 30, 40, 50, 60, 70, 80};
+    CHECK(s32 && s16 && moe_session_feed(s32, ids, 8, &err) == MOE_OK && moe_session_feed(s16, ids, 8, &err) == MOE_OK);
+    if (s32 && s16) {
+        const float *a = moe_session_logits(s32), *b = moe_session_logits(s16);
+        double num = 0, den = 0;
+        for (int v = 0; v < 512; v++) num += (a[v] - b[v]) * (a[v] - b[v]), den += (double)a[v] * a[v];
+        CHECKF(num > 0 && sqrt(num / den) < 1e-2, "f16 cache vs f32: relative L2 %g", sqrt(num / den));
+    }
+    p.kv_type = (moe_kv_type)7;
+    CHECK(moe_session_new(model, &p, &bad, &err) == MOE_ERR_INVALID_ARG && bad == NULL);
+    CHECKF(strstr(err.message, "KV cache type") != NULL, "%s", err.message);
+    moe_session_free(s32);
+    moe_session_free(s16);
+}
+
 static void test_context_overflow_is_refused_whole(void) {
     moe_session *s = new_session(8, 0, 1);
     moe_error err = {0};
@@ -249,6 +274,7 @@ int main(void) {
     RUN(test_model_facts);
     RUN(test_tokenize_and_pieces);
     RUN(test_feed_and_logits);
+    RUN(test_f16_kv_cache);
     RUN(test_context_overflow_is_refused_whole);
     RUN(test_rewind_keeps_the_prefix);
     RUN(test_sampling_is_reproducible);

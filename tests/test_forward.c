@@ -4,6 +4,8 @@
  *  - For every architecture, f32 weights: the logits agree with a naive
  *    float64 forward pass written here from the definitions (dequantized
  *    weights, no batching, no fusion).
+ *  - The same with the KV cache in f16, against the float64 pass with its
+ *    keys and values rounded to f16 where the cache holds them.
  *  - For every architecture and several weight types: processing a prompt
  *    as one batch gives the logits of processing it one token at a time
  *    (relative 1e-5), and batch boundaries do not matter.
@@ -13,6 +15,7 @@
 
 #include "cpu/cpu.h"
 #include "model/synth.h"
+#include "quant/quant.h"
 #include "test.h"
 
 enum { N_TOKENS = 24 };
@@ -141,8 +144,11 @@ static void qk_norm(const model_config *c, const layer_weights *w, double *q, do
     }
 }
 
-/* Logits of every position, all in float64. */
-static double *reference_forward(const model *m, const int32_t *ids, int n) {
+static double f16_round(double x) { return fp16_to_f32(f32_to_fp16((float)x)); }
+
+/* Logits of every position, all in float64; kv_f16: the cached keys and
+ * values rounded to f16. */
+static double *reference_forward(const model *m, const int32_t *ids, int n, bool kv_f16) {
     const model_config *c = &m->config;
     int d = c->n_embd, hd = c->head_dim, qd = c->n_heads * hd, kvd = c->n_kv_heads * hd;
     double *x = malloc(n * d * sizeof *x), *xn = malloc(d * sizeof *xn), *q = malloc(qd * sizeof *q);
@@ -162,6 +168,7 @@ static double *reference_forward(const model *m, const int32_t *ids, int n) {
             add_bias(q, &w->bq), add_bias(k, &w->bk), add_bias(v, &w->bv);
             qk_norm(c, w, q, k);
             rope(q, c->n_heads, c, t), rope(k, c->n_kv_heads, c, t);
+            for (int i = 0; kv_f16 && i < kvd; i++) k[i] = f16_round(k[i]), v[i] = f16_round(v[i]);
             for (int h = 0; h < c->n_heads; h++) {
                 int kvh = h / (c->n_heads / c->n_kv_heads);
                 double max = -1e300, sum = 0;
@@ -200,16 +207,24 @@ static double rel_l2(const float *got, const double *want, size_t n) {
     return sqrt(num / den);
 }
 
-static float *run_cpu(const model *m, const int32_t *ids, int n, int max_batch, bool one_by_one) {
+static float *run_cpu(const model *m, const int32_t *ids, int n, int max_batch, bool one_by_one, moe_kv_type kv) {
     cpu_state *s;
     moe_error err = {0};
     size_t vocab = (size_t)m->config.n_vocab;
     float *logits = malloc(n * vocab * sizeof *logits);
-    CHECKF(cpu_state_new(m, 64, max_batch, 2, &s, &err) == MOE_OK, "%s", err.message);
+    cpu_state_params p = {.n_ctx = 64, .max_batch = max_batch, .n_threads = 2, .kv_type = kv};
+    CHECKF(cpu_state_new(m, &p, &s, &err) == MOE_OK, "%s", err.message);
     for (int t = 0; t < n; t += one_by_one ? 1 : n)
         CHECK(cpu_forward(s, ids + t, one_by_one ? 1 : n, t, logits + t * vocab, true, &err) == MOE_OK);
     cpu_state_free(s);
     return logits;
+}
+
+/* The worst relative L2 error over the positions. */
+static double worst_rel_l2(const float *got, const double *want, int n, size_t vocab) {
+    double worst = 0;
+    for (int t = 0; t < n; t++) worst = fmax(worst, rel_l2(got + t * vocab, want + t * vocab, vocab));
+    return worst;
 }
 
 static void check_arch_against_float64(const char *arch, bool mixtral) {
@@ -217,12 +232,25 @@ static void check_arch_against_float64(const char *arch, bool mixtral) {
     if (!m) return;
     int32_t ids[N_TOKENS];
     prompt(ids, m->config.n_vocab);
-    float *got = run_cpu(m, ids, N_TOKENS, N_TOKENS, false);
-    double *want = reference_forward(m, ids, N_TOKENS);
-    size_t vocab = (size_t)m->config.n_vocab;
-    for (int t = 0; t < N_TOKENS; t++) {
-        double err = rel_l2(got + t * vocab, want + t * vocab, vocab);
-        CHECKF(err < 1e-5, "%s%s position %d: relative L2 error %.3g", arch, mixtral ? " (mixtral)" : "", t, err);
+    const size_t vocab = (size_t)m->config.n_vocab;
+    const char *label = mixtral ? " (mixtral)" : "";
+    float *got = run_cpu(m, ids, N_TOKENS, N_TOKENS, false, MOE_KV_F32);
+    double *want = reference_forward(m, ids, N_TOKENS, false);
+    double e = worst_rel_l2(got, want, N_TOKENS, vocab);
+    CHECKF(e < 1e-5, "%s%s: relative L2 error %.3g", arch, label, e);
+    /* An f16 cache, prefilled in one batch and decoded token by token,
+     * against the pass that rounds its keys and values: close, and closer
+     * than to the unrounded pass (1.3-1.5e-4). Not to 1e-5: where the CPU's
+     * float key and float64's straddle a rounding boundary of f16 they
+     * round one f16 step apart (2^-11), which moved tiny qwen2moe's logits
+     * by 3.5e-5. */
+    for (int one_by_one = 0; one_by_one <= 1; one_by_one++) {
+        float *got16 = run_cpu(m, ids, N_TOKENS, N_TOKENS, one_by_one, MOE_KV_F16);
+        double *want16 = reference_forward(m, ids, N_TOKENS, true);
+        double e16 = worst_rel_l2(got16, want16, N_TOKENS, vocab), e_unrounded = worst_rel_l2(got16, want, N_TOKENS, vocab);
+        CHECKF(e16 < 1e-4 && e_unrounded > 2 * e16, "%s%s, f16 cache%s: relative L2 error %.3g (%.3g from the f32 pass)", arch,
+               label, one_by_one ? " token by token" : "", e16, e_unrounded);
+        free(got16), free(want16);
     }
     free(got);
     free(want);
@@ -248,9 +276,9 @@ static void check_batched_equals_sequential(const char *arch, const char *type) 
     int32_t ids[N_TOKENS];
     prompt(ids, m->config.n_vocab);
     size_t n = N_TOKENS * (size_t)m->config.n_vocab;
-    float *batched = run_cpu(m, ids, N_TOKENS, N_TOKENS, false);
-    float *stepped = run_cpu(m, ids, N_TOKENS, 5, false); /* batches of 5, 5, ..., 4 */
-    float *single = run_cpu(m, ids, N_TOKENS, N_TOKENS, true);
+    float *batched = run_cpu(m, ids, N_TOKENS, N_TOKENS, false, MOE_KV_F32);
+    float *stepped = run_cpu(m, ids, N_TOKENS, 5, false, MOE_KV_F32); /* batches of 5, 5, ..., 4 */
+    float *single = run_cpu(m, ids, N_TOKENS, N_TOKENS, true, MOE_KV_F32);
     double e1 = max_rel_diff(batched, single, n), e2 = max_rel_diff(stepped, single, n);
     CHECKF(e1 <= 1e-5 && e2 <= 1e-5, "%s %s: batch vs single %.3g, batches of 5 vs single %.3g", arch, type, e1, e2);
     free(batched), free(stepped), free(single);
@@ -265,7 +293,7 @@ static void test_batched_equals_sequential(void) {
 }
 
 int main(void) {
-    RUN(test_every_arch_matches_float64);
+    RUN(test_every_arch_matches_float64); /* and with an f16 KV cache */
     RUN(test_batched_equals_sequential);
     return test_summary();
 }

@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 int cli_fail(const char *command, const moe_error *err) {
     fprintf(stderr, "moe %s: %s\n", command, err->message[0] ? err->message : moe_status_name(err->code));
@@ -27,6 +28,13 @@ bool cli_parse_int(const char *text, long min, long max, long *out) {
     long v = strtol(text, &end, 10);
     if (errno || end == text || *end != '\0' || v < min || v > max) return false;
     *out = v;
+    return true;
+}
+
+bool cli_parse_kv_type(const char *text, moe_kv_type *out) {
+    if (strcmp(text, "f32") == 0) *out = MOE_KV_F32;
+    else if (strcmp(text, "f16") == 0) *out = MOE_KV_F16;
+    else return false;
     return true;
 }
 

@@ -39,4 +39,7 @@ char *cli_read_file(const char *path, size_t *len);
 /* Parse a decimal integer in [min, max]; false on garbage or overflow. */
 bool cli_parse_int(const char *text, long min, long max, long *out);
 
+/* A KV cache type by name, "f32" or "f16"; false for anything else. */
+bool cli_parse_kv_type(const char *text, moe_kv_type *out);
+
 #endif

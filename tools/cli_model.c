@@ -15,6 +15,7 @@ enum {
     OPT_THREADS,
     OPT_CTX,
     OPT_BATCH,
+    OPT_CACHE_TYPE,
     OPT_TEMP,
     OPT_TOP_K,
     OPT_TOP_P,
@@ -32,6 +33,7 @@ const struct option model_long_options[MODEL_OPTIONS_COUNT] = {
     {"threads", required_argument, NULL, OPT_THREADS},
     {"ctx-size", required_argument, NULL, OPT_CTX},
     {"batch-size", required_argument, NULL, OPT_BATCH},
+    {"cache-type", required_argument, NULL, OPT_CACHE_TYPE},
     {"temp", required_argument, NULL, OPT_TEMP},
     {"top-k", required_argument, NULL, OPT_TOP_K},
     {"top-p", required_argument, NULL, OPT_TOP_P},
@@ -91,6 +93,7 @@ int model_options_parse(model_options *o, const char *command, int c, const char
     case OPT_THREADS: ok = cli_parse_int(arg, 1, 1024, &v), o->model.n_threads = (int)v; break;
     case OPT_CTX: ok = cli_parse_int(arg, 1, 1 << 24, &v), o->session.n_ctx = (int)v; break;
     case OPT_BATCH: ok = cli_parse_int(arg, 1, 1 << 16, &v), o->session.n_batch = (int)v; break;
+    case OPT_CACHE_TYPE: ok = cli_parse_kv_type(arg, &o->session.kv_type); break;
     case OPT_TEMP: ok = parse_float(arg, 0, 100, &s->temperature); break;
     case OPT_TOP_K: ok = cli_parse_int(arg, 0, 1 << 24, &v), s->top_k = (int)v; break;
     case OPT_TOP_P: ok = parse_float(arg, 1e-6f, 1, &s->top_p); break;
@@ -118,6 +121,8 @@ void model_options_print_help(void) {
            "  --threads N              CPU threads (default: all)\n"
            "  --ctx-size N             context positions (default: the model's, at most 4096)\n"
            "  --batch-size N           prompt tokens per step (default: 256)\n"
+           "  --cache-type f32|f16     the KV cache's elements; f16 halves its memory and what a\n"
+           "                           token reads of it (default: f32)\n"
            "sampling:\n"
            "  --temp T                 temperature, 0 = greedy (default: 0.8)\n"
            "  --top-k K                keep the K most likely tokens, 0 = off (default: 40)\n"

@@ -18,7 +18,7 @@ typedef struct model_options {
 
 /* Long options of model_options, to append to a command's own; their
  * `val`s are >= 1000 so they never clash with short options (but 'm'). */
-#define MODEL_OPTIONS_COUNT 14
+#define MODEL_OPTIONS_COUNT 15
 extern const struct option model_long_options[MODEL_OPTIONS_COUNT];
 
 /* Defaults: the model path from $MOE_MODEL or NULL. */

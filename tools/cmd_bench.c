@@ -49,6 +49,7 @@ typedef struct bench_args {
     moe_device device;
     double bw_gib;
     int profile_pos, profile_reps; /* --profile: stage table at this position; 0 reps: off */
+    moe_kv_type kv_type;
 } bench_args;
 
 typedef struct stat3 {
@@ -73,7 +74,7 @@ typedef struct token_bytes {
     double weights_total, params_total, params_active;
 } token_bytes;
 
-static token_bytes count_bytes(const model *m) {
+static token_bytes count_bytes(const model *m, moe_kv_type kv_type) {
     const model_config *c = &m->config;
     token_bytes b = {0};
     int k = c->n_experts ? c->n_experts_used : 0;
@@ -111,7 +112,7 @@ static token_bytes count_bytes(const model *m) {
     double p_embd = (double)m->token_embd.rows * m->token_embd.cols;
     b.params_total += p_embd * (c->tied_embeddings ? 1 : 2);
     b.params_active += p_embd;
-    b.kv_per_position = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * sizeof(float);
+    b.kv_per_position = 2.0 * c->n_layers * c->n_kv_heads * c->head_dim * (kv_type == MOE_KV_F16 ? 2 : 4);
     return b;
 }
 
@@ -378,18 +379,19 @@ static int bench_cuda_tg(cuda_state *s, const bench_args *a, report *r, const in
     return status;
 }
 
-/* The environment's options (MOE_CUDA_*) with graph and PDL set. */
-static cuda_options options_with(bool graph, bool pdl) {
+/* The environment's options (MOE_CUDA_*) with graph and PDL set, and the cache's type. */
+static cuda_options options_with(const bench_args *a, bool graph, bool pdl) {
     cuda_options o = cuda_default_options();
     o.graph = graph;
     o.pdl = pdl;
+    o.kv_f16 = a->kv_type == MOE_KV_F16;
     return o;
 }
 
 /* The stage profile at a filled cache (--profile). */
 static int bench_cuda_profile(cuda_model *g, const bench_args *a, report *r, const int32_t *prompt) {
     moe_error err = {0};
-    cuda_options o = options_with(false, false);
+    cuda_options o = options_with(a, false, false);
     cuda_state *s = NULL;
     int status = 0;
     if (cuda_state_new(g, a->profile_pos + CUDA_PROFILE_SPAN, &o, &s, &err) != MOE_OK) return cli_fail("bench", &err);
@@ -408,7 +410,7 @@ static int bench_cuda_profile(cuda_model *g, const bench_args *a, report *r, con
  * (graph and PDL), at the profile's position. */
 static int bench_cuda_timeline(cuda_model *g, const model *m, const bench_args *a, report *r, const int32_t *prompt) {
     moe_error err = {0};
-    cuda_options o = cuda_default_options();
+    cuda_options o = options_with(a, true, true);
     cuda_state *s = NULL;
     int status = 0;
     if (cuda_state_new(g, a->profile_pos + 1, &o, &s, &err) != MOE_OK) return cli_fail("bench", &err);
@@ -436,15 +438,16 @@ static int bench_cuda(const model *m, const bench_args *a, report *r, const int3
     if (cuda_model_new(m, &g, &err) != MOE_OK) return cli_fail("bench", &err);
     r->upload_s = monotonic_seconds() - t0;
     snprintf(r->backend, sizeof r->backend, "CUDA (%s)", cuda_model_device_name(g));
+    if (a->kv_type == MOE_KV_F16) append_backend_note(r, "f16 KV");
     r->weights_gb = cuda_model_bytes(g) / 1e9;
     note_memory(r);
     const int n_ctx = (a->p > a->depth + a->n ? a->p : a->depth + a->n) + 8;
     const struct {
         const char *name;
         cuda_options o;
-    } variants[] = {{"(graph+PDL)", options_with(true, true)},
-                    {"(graph)", options_with(true, false)},
-                    {"(no graph)", options_with(false, false)}};
+    } variants[] = {{"(graph+PDL)", options_with(a, true, true)},
+                    {"(graph)", options_with(a, true, false)},
+                    {"(no graph)", options_with(a, false, false)}};
     int status = 0;
     for (size_t v = 0; v < sizeof variants / sizeof variants[0] && status == 0; v++) {
         cuda_state *s = NULL;
@@ -491,8 +494,9 @@ static int bench_cpu(const model *m, const bench_args *a, report *r, const int32
     int batch = a->depth < 512 ? a->depth : 512; /* the depth fill's batch, unless the prompt's is larger */
     if (a->p > batch) batch = a->p;
     cpu_state *s = NULL;
-    if (cpu_state_new(m, n_ctx, batch > 0 ? batch : 1, a->threads, &s, &err) != MOE_OK) return cli_fail("bench", &err);
-    snprintf(r->backend, sizeof r->backend, "CPU");
+    cpu_state_params p = {.n_ctx = n_ctx, .max_batch = batch > 0 ? batch : 1, .n_threads = a->threads, .kv_type = a->kv_type};
+    if (cpu_state_new(m, &p, &s, &err) != MOE_OK) return cli_fail("bench", &err);
+    snprintf(r->backend, sizeof r->backend, a->kv_type == MOE_KV_F16 ? "CPU (f16 KV)" : "CPU");
     float *logits = malloc((size_t)vocab * sizeof *logits);
     double tps[MAX_REPS];
     int status = logits ? 0 : cli_fail("bench", &(moe_error){MOE_ERR_NOMEM, "out of memory"});
@@ -541,6 +545,8 @@ static void print_help(void) {
            "  -o, --output F     md (default) or json\n"
            "  --device D         auto (default), cpu or cuda\n"
            "  --threads N        CPU threads (default: all)\n"
+           "  --cache-type T     the KV cache's elements: f32 (default) or f16 (half the\n"
+           "                     bytes a cached position, counted so in the bytes a token reads)\n"
            "  --bw-gib G         size of the read-bandwidth probe buffer (default 8)\n"
            "  --profile[=POS]    (GPU) also time each stage of a decode step at position POS\n"
            "                     (default 512): launch by launch, an event between stages, and\n"
@@ -560,7 +566,8 @@ int cmd_bench(int argc, char **argv) {
         {"output", required_argument, NULL, 'o'}, {"device", required_argument, NULL, 'D'},
         {"threads", required_argument, NULL, 't'}, {"bw-gib", required_argument, NULL, 'B'},
         {"profile", optional_argument, NULL, 'P'}, {"profile-reps", required_argument, NULL, 'R'},
-        {"depth", required_argument, NULL, 'd'},  {"help", no_argument, NULL, 'h'},
+        {"depth", required_argument, NULL, 'd'},  {"cache-type", required_argument, NULL, 'K'},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     a.path = getenv("MOE_MODEL");
@@ -617,6 +624,10 @@ int cmd_bench(int argc, char **argv) {
             if (!cli_parse_int(optarg, 1, 1000, &v)) return cli_usage_error("bench", "--profile-reps wants 1..1000");
             profile_reps = (int)v;
             break;
+        case 'K':
+            if (!cli_parse_kv_type(optarg, &a.kv_type))
+                return cli_usage_error("bench", "--cache-type wants f32 or f16, not '%s'", optarg);
+            break;
         case 'h': print_help(); return 0;
         default: return cli_usage_error("bench", "unknown option");
         }
@@ -632,7 +643,7 @@ int cmd_bench(int argc, char **argv) {
     const int n_prompt = a.p > a.depth ? (a.p > 1 ? a.p : 1) : (a.depth > 1 ? a.depth : 1); /* pp, and the depth fill */
     int32_t *prompt = malloc((size_t)n_prompt * sizeof *prompt);
     random_tokens(prompt, n_prompt, m->config.n_vocab, 42);
-    r->tb = count_bytes(m);
+    r->tb = count_bytes(m, a.kv_type);
     gguf_str name = {0, NULL};
     if (gguf_get_str(m->file, "general.name", &name, NULL) == MOE_OK)
         snprintf(r->model_name, sizeof r->model_name, "%.*s", (int)(name.len < 120 ? name.len : 120), name.data);

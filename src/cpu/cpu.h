@@ -2,7 +2,10 @@
  * cpu.h — the CPU backend: the reference forward pass, and a usable engine.
  *
  * A cpu_state holds what a sequence needs besides the weights: the KV cache
- * (f32, [layer][position][kv_dim]) and the activation buffers of a batch.
+ * ([layer][position][kv_dim], f32 or f16) and the activation buffers of a
+ * batch. An f16 cache holds each key and value rounded to nearest even as
+ * it is appended, and attention reads them back widened to f32: the GPU's
+ * f16 cache rounds the same values the same way.
  * cpu_forward runs a batch of tokens at consecutive positions: every weight
  * matrix is applied to the whole batch at once (prefill), and a batch of
  * one is decode. Accumulation is f32 (double where a long sum needs it);
@@ -21,9 +24,14 @@
 
 typedef struct cpu_state cpu_state;
 
-/* n_ctx: positions the KV cache holds; max_batch: tokens per internal step
- * (larger inputs are processed in steps); n_threads <= 0: all CPUs. */
-moe_status cpu_state_new(const model *m, int n_ctx, int max_batch, int n_threads, cpu_state **out, moe_error *err);
+typedef struct cpu_state_params {
+    int n_ctx;           /* positions the KV cache holds */
+    int max_batch;       /* tokens per internal step (larger inputs are processed in steps) */
+    int n_threads;       /* <= 0: all CPUs */
+    moe_kv_type kv_type; /* the cache's elements */
+} cpu_state_params;
+
+moe_status cpu_state_new(const model *m, const cpu_state_params *p, cpu_state **out, moe_error *err);
 void cpu_state_free(cpu_state *s);
 
 /* Process tokens[0..n) at positions pos..pos+n-1; positions below pos must

@@ -59,8 +59,15 @@
  *
  * RoPE angles come from a table made on the host at state creation with
  * the CPU's formula (double pow, cos and sin, then float), so both
- * backends rotate by the same floats. The KV cache is f32 so the GPU's
- * attention sees the CPU's numbers.
+ * backends rotate by the same floats. The KV cache is f32 or f16
+ * (attn_args.kv_f16, a session's --cache-type f16): half the bytes a
+ * position, which at depth are most of what a step reads besides the
+ * weights. An f16 cache's new key and value are rounded before they are
+ * used, so that a step attends to what the later steps read back, as the
+ * CPU's f16 cache does (cpu/cpu.h): the GPU sees the CPU's numbers either
+ * way. The kernels are instances per cache element
+ * (float, or uint16_t holding f16 bits), not one with a run-time switch:
+ * their registers are at the limit (see head blocks below).
  */
 #include "cuda/kernels.cuh"
 
@@ -130,6 +137,53 @@ __device__ __forceinline__ void store_dims(float *p, const float *v, bool mine) 
     if (!mine) return;
 #pragma unroll
     for (int i = 0; i < DPL; i++) p[i] = v[i];
+}
+
+/* A lane's DPL dims of a cache row: f32 as they are, f16 widened. */
+template <int DPL>
+__device__ __forceinline__ void load_kv(const float *p, float *v, bool mine) {
+    load_dims<DPL>(p, v, mine);
+}
+
+template <int DPL>
+__device__ __forceinline__ void load_kv(const uint16_t *p, float *v, bool mine) {
+    if (!mine) {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) v[i] = 0.0f;
+    } else if (DPL == 1) {
+        v[0] = h2f(*p);
+    } else if (DPL == 2) {
+        const unsigned t = *(const unsigned *)p;
+        v[0] = h2f((uint16_t)t), v[1] = h2f((uint16_t)(t >> 16));
+    } else {
+#pragma unroll
+        for (int i = 0; i < DPL; i += 4) {
+            const uint2 t = *(const uint2 *)(p + i);
+            v[i] = h2f((uint16_t)t.x), v[i + 1] = h2f((uint16_t)(t.x >> 16));
+            v[i + 2] = h2f((uint16_t)t.y), v[i + 3] = h2f((uint16_t)(t.y >> 16));
+        }
+    }
+}
+
+template <int DPL>
+__device__ __forceinline__ void store_kv(float *p, const float *v, bool mine) {
+    store_dims<DPL>(p, v, mine);
+}
+
+template <int DPL>
+__device__ __forceinline__ void store_kv(uint16_t *p, const float *v, bool mine) {
+    if (!mine) return;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) p[i] = f2h(v[i]);
+}
+
+/* The new position's key or value as a cache of KV holds it. */
+template <class KV, int DPL>
+__device__ __forceinline__ void round_to_cache(float *v) {
+    if constexpr (std::is_same<KV, uint16_t>::value) {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) v[i] = f2h_round(v[i]);
+    }
 }
 
 /* The RMS scales of q and k (sums of squares ssq over nq values, ssk over
@@ -253,17 +307,17 @@ struct kv_batch {
 /* Positions p0, p0 + 1, ... of a batch from the cache, all loads issued
  * together; the new position (not cached yet) and those past the end get
  * zeros (put_new fills the new one in once it is made). */
-template <int DPL, int HP>
+template <class KV, int DPL, int HP>
 __device__ __forceinline__ void load_cached(const attn_args &a, int g, int pos, int p0, int end, kv_batch<DPL, HP> &b) {
     const int kv_dim = a.n_kv * a.hd, d0 = (threadIdx.x & 31) * DPL;
     const bool mine = d0 < a.hd;
-    const float *k_cache = a.k_cache + g * a.hd + d0, *v_cache = a.v_cache + g * a.hd + d0;
+    const KV *k_cache = (const KV *)a.k_cache + g * a.hd + d0, *v_cache = (const KV *)a.v_cache + g * a.hd + d0;
 #pragma unroll
     for (int j = 0; j < kv_batch<DPL, HP>::B; j++) {
         const int p = p0 + j;
         const bool cached = p < end && p != pos;
-        load_dims<DPL>(k_cache + (int64_t)p * kv_dim, b.k[j], mine && cached);
-        load_dims<DPL>(v_cache + (int64_t)p * kv_dim, b.v[j], mine && cached);
+        load_kv<DPL>(k_cache + (int64_t)p * kv_dim, b.k[j], mine && cached);
+        load_kv<DPL>(v_cache + (int64_t)p * kv_dim, b.v[j], mine && cached);
     }
 }
 
@@ -396,7 +450,7 @@ __device__ __forceinline__ void attend_batch(const kv_batch<DPL, HP> &b, int p0,
  * the first batch (`b`) was loaded before the launch's wait. One copy of
  * the batch's code serves every batch (code size, see the top of this
  * file). */
-template <int DPL, int HP, class Q>
+template <class KV, int DPL, int HP, class Q>
 __device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int p0, int end, int step, const Q &query,
                                        const float *k_new, const float *v_new, kv_batch<DPL, HP> &b,
                                        softmax_state<DPL, HP> &st) {
@@ -405,7 +459,7 @@ __device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int p
     while (p0 < end) {
         put_new<DPL, HP>(b, p0, pos, k_new, v_new);
         attend_batch<DPL, HP>(b, p0, end, query, scale, st);
-        if ((p0 += step) < end) load_cached<DPL, HP>(a, g, pos, p0, end, b);
+        if ((p0 += step) < end) load_cached<KV, DPL, HP>(a, g, pos, p0, end, b);
     }
 }
 
@@ -430,21 +484,22 @@ __device__ __forceinline__ int split_range(const attn_args &a, int n_pos, int ro
 
 /* The range's rows after `from` pulled into L2 (the first batches are
  * loaded into registers). */
+template <class KV>
 __device__ __forceinline__ void prefetch_range(const attn_args &a, int g, int from, int end) {
-    const int hd = a.hd, kv_dim = a.n_kv * hd, lines = (hd * (int)sizeof(float) + 127) / 128;
+    const int hd = a.hd, kv_dim = a.n_kv * hd, lines = (hd * (int)sizeof(KV) + 127) / 128;
     for (int t = threadIdx.x; t < 2 * (end - from) * lines; t += blockDim.x) {
         const int p = from + t / (2 * lines), c = t % (2 * lines);
-        const float *cache = c < lines ? a.k_cache : a.v_cache;
+        const KV *cache = (const KV *)(c < lines ? a.k_cache : a.v_cache);
         prefetch_l2((const uint8_t *)(cache + (int64_t)p * kv_dim + g * hd) + 128 * (c % lines));
     }
 }
 
 /* k and v of the position into the cache (this lane's dims). */
-template <int DPL>
+template <class KV, int DPL>
 __device__ __forceinline__ void append_kv(const attn_args &a, int g, int pos, const float *k, const float *v) {
     const int kv_dim = a.n_kv * a.hd, d0 = (threadIdx.x & 31) * DPL;
-    store_dims<DPL>(a.k_cache + (int64_t)pos * kv_dim + g * a.hd + d0, k, d0 < a.hd);
-    store_dims<DPL>(a.v_cache + (int64_t)pos * kv_dim + g * a.hd + d0, v, d0 < a.hd);
+    store_kv<DPL>((KV *)a.k_cache + (int64_t)pos * kv_dim + g * a.hd + d0, k, d0 < a.hd);
+    store_kv<DPL>((KV *)a.v_cache + (int64_t)pos * kv_dim + g * a.hd + d0, v, d0 < a.hd);
 }
 
 /* ---------------------------------------------------------------- a block's fold */
@@ -599,7 +654,7 @@ static int head_block_smem_floats(int hd) { return attn_warps_per_head(1) * (hd 
 /* The per-head way and head blocks (see the top of this file): the block's
  * Gb heads from h0 of KV head g; warp (hb, w) takes head h0 + hb, hb = warp
  * % Gb, and every W-th batch of the block's range from w. */
-template <int DPL, int GB>
+template <class KV, int DPL, int GB>
 __device__ __forceinline__ void attention_per_head(const attn_args &a, float *smem, int *flag, int pos) {
     constexpr int B = attn_shape<DPL, 1>::BATCH;
     constexpr bool HEAD_BLOCKS = GB > 0;
@@ -614,8 +669,8 @@ __device__ __forceinline__ void attention_per_head(const attn_args &a, float *sm
     /* Each warp's first batch in registers, the rest of the range into L2. */
     constexpr bool preload = attn_shape<DPL, 1>::PRELOAD;
     kv_batch<DPL, 1> first;
-    if constexpr (preload) load_cached<DPL, 1>(a, g, pos, start + w * B, end, first);
-    prefetch_range(a, g, preload ? start + W * B : start, end);
+    if constexpr (preload) load_cached<KV, DPL, 1>(a, g, pos, start + w * B, end, first);
+    prefetch_range<KV>(a, g, preload ? start + W * B : start, end);
     head_consts<DPL> hc; /* the norms' weights and the rotation */
     if (start < end) load_head_consts<DPL>(a, g, h, pos, hc);
     pdl_wait(); /* q, k, v of this position */
@@ -626,12 +681,14 @@ __device__ __forceinline__ void attention_per_head(const attn_args &a, float *sm
     query_in_regs<DPL> query;
     float k[DPL], v[DPL];
     prepare<DPL>(a, hc, g, h, query.q, k, v);
+    round_to_cache<KV, DPL>(k);
+    round_to_cache<KV, DPL>(v);
     trace_mark(a.trace, TRACE_STAGED);
-    if constexpr (!preload) load_cached<DPL, 1>(a, g, pos, start + w * B, end, first);
-    if (warp == 0 && h == 0 && pos >= start && pos < end) append_kv<DPL>(a, g, pos, k, v);
+    if constexpr (!preload) load_cached<KV, DPL, 1>(a, g, pos, start + w * B, end, first);
+    if (warp == 0 && h == 0 && pos >= start && pos < end) append_kv<KV, DPL>(a, g, pos, k, v);
     softmax_state<DPL, 1> st;
     clear_state(st);
-    attend<DPL, 1>(a, g, pos, start + w * B, end, W * B, query, k, v, first, st);
+    attend<KV, DPL, 1>(a, g, pos, start + w * B, end, W * B, query, k, v, first, st);
     if constexpr (HEAD_BLOCKS) {
         float2 *ml = (float2 *)(smem + W * Gb * hd), *head_ml = ml + W * Gb;
         leave_state<DPL, 1>(st, smem, ml, Gb, hb, w, hd);
@@ -669,7 +726,7 @@ static int grouped_smem_floats(int G, int hd, int hp) {
  * hg * HP .. hg * HP + HP - 1 and every W-th batch of the block's range
  * from w. Warp h < G prepares query head h into shared memory (q_s), warp
  * 0 the new key and value too (kv_new). */
-template <int DPL, int HP>
+template <class KV, int DPL, int HP>
 __device__ __forceinline__ void attention_grouped(const attn_args &a, float *smem, int *flag, int pos) {
     constexpr int B = attn_shape<DPL, HP>::BATCH;
     const int G = a.n_heads / a.n_kv, W = attn_warps_per_group(G, HP), hd = a.hd, g = blockIdx.x, split = blockIdx.y;
@@ -681,8 +738,8 @@ __device__ __forceinline__ void attention_grouped(const attn_args &a, float *sme
     const int n_active = split_range(a, pos + 1, B, start, end);
     constexpr bool preload = attn_shape<DPL, HP>::PRELOAD;
     kv_batch<DPL, HP> first;
-    if constexpr (preload) load_cached<DPL, HP>(a, g, pos, start + w * B, end, first);
-    prefetch_range(a, g, preload ? start + W * B : start, end);
+    if constexpr (preload) load_cached<KV, DPL, HP>(a, g, pos, start + w * B, end, first);
+    prefetch_range<KV>(a, g, preload ? start + W * B : start, end);
     head_consts<DPL> hc; /* the norms' weights and the rotation of query head `warp` */
     if (start < end && warp < G) load_head_consts<DPL>(a, g, warp, pos, hc);
     pdl_wait(); /* q, k, v of this position */
@@ -695,20 +752,22 @@ __device__ __forceinline__ void attention_grouped(const attn_args &a, float *sme
         prepare<DPL>(a, hc, g, warp, q, k, v);
         store_dims<DPL>(q_s + warp * hd + d0, q, mine);
         if (warp == 0) {
+            round_to_cache<KV, DPL>(k);
+            round_to_cache<KV, DPL>(v);
             store_dims<DPL>(kv_new + d0, k, mine);
             store_dims<DPL>(kv_new + hd + d0, v, mine);
-            if (pos >= start && pos < end) append_kv<DPL>(a, g, pos, k, v);
+            if (pos >= start && pos < end) append_kv<KV, DPL>(a, g, pos, k, v);
         }
     }
     __syncthreads();
     trace_mark(a.trace, TRACE_STAGED);
-    if constexpr (!preload) load_cached<DPL, HP>(a, g, pos, start + w * B, end, first);
+    if constexpr (!preload) load_cached<KV, DPL, HP>(a, g, pos, start + w * B, end, first);
     float k_new[DPL], v_new[DPL];
     load_dims<DPL>(kv_new + d0, k_new, mine);
     load_dims<DPL>(kv_new + hd + d0, v_new, mine);
     softmax_state<DPL, HP> st;
     clear_state(st);
-    attend<DPL, HP>(a, g, pos, start + w * B, end, W * B, query_in_smem<DPL>{q_s + hg * HP * hd, hd}, k_new, v_new,
+    attend<KV, DPL, HP>(a, g, pos, start + w * B, end, W * B, query_in_smem<DPL>{q_s + hg * HP * hd, hd}, k_new, v_new,
                     first, st);
     leave_state<DPL, HP>(st, slots, ml, G, hg, w, hd);
     __syncthreads();
@@ -725,7 +784,7 @@ __device__ __forceinline__ void attention_grouped(const attn_args &a, float *sme
 /* GB query heads a block: 1 (head blocks), or 0 for all G of a KV head
  * (the per-head way). A kernel a way, not one with a switch: together
  * they spill (128 registers at 16 warps). */
-template <int DPL, int GB>
+template <class KV, int DPL, int GB>
 __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args a) {
     DYN_SMEM(float, smem);
     __shared__ int flag;
@@ -733,15 +792,15 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(const attn_args
     /* The position and the cached keys and values were written by earlier
      * steps, complete before the launch before this one passed its own
      * wait: the range's rows are pulled into L2 while that launch runs. */
-    attention_per_head<DPL, GB>(a, smem, &flag, __ldcg(a.step + 1));
+    attention_per_head<KV, DPL, GB>(a, smem, &flag, __ldcg(a.step + 1));
 }
 
-template <int DPL, int HP>
+template <class KV, int DPL, int HP>
 __global__ void __launch_bounds__(ATTN_THREADS) attention_grouped_kernel(const attn_args a) {
     DYN_SMEM(float, smem);
     __shared__ int flag;
     trace_mark(a.trace, TRACE_ENTRY);
-    attention_grouped<DPL, HP>(a, smem, &flag, __ldcg(a.step + 1)); /* as above */
+    attention_grouped<KV, DPL, HP>(a, smem, &flag, __ldcg(a.step + 1)); /* as above */
 }
 
 /* A lane holds hd / 32 dims (one, or none, below 32), rotary pairs must not straddle lanes unevenly,
@@ -761,27 +820,34 @@ static int grouped_hp(int G, int hd) {
 
 /* The kernel for heads of hd dims (hd / 32 a lane), per head or grouped. */
 typedef void (*attention_fn)(const attn_args);
-template <int DPL>
+template <class KV, int DPL>
 static attention_fn grouped_kernel_with(int hp) {
-    return hp == 2   ? attention_grouped_kernel<DPL, 2>
-           : hp == 4 ? attention_grouped_kernel<DPL, 4>
-                     : attention_grouped_kernel<DPL, 8>;
+    return hp == 2   ? attention_grouped_kernel<KV, DPL, 2>
+           : hp == 4 ? attention_grouped_kernel<KV, DPL, 4>
+                     : attention_grouped_kernel<KV, DPL, 8>;
 }
 
-template <int GB>
+template <class KV, int GB>
 static attention_fn per_head_kernel_for(int hd) {
-    return hd <= 32    ? attention_kernel<1, GB>
-           : hd == 64  ? attention_kernel<2, GB>
-           : hd == 128 ? attention_kernel<4, GB>
-                       : attention_kernel<8, GB>;
+    return hd <= 32    ? attention_kernel<KV, 1, GB>
+           : hd == 64  ? attention_kernel<KV, 2, GB>
+           : hd == 128 ? attention_kernel<KV, 4, GB>
+                       : attention_kernel<KV, 8, GB>;
 }
 
-static attention_fn attention_kernel_for(int G, int hd, int way) {
+template <class KV>
+static attention_fn kernel_for_cache(int G, int hd, int way) {
     const int hp = grouped_hp(G, hd);
-    if (way == ATTN_HEAD_BLOCKS) return per_head_kernel_for<1>(hd);
-    if (way == ATTN_PER_HEAD || hp == 1) return per_head_kernel_for<0>(hd);
-    if (hd > 128) return hp == 2 ? attention_grouped_kernel<8, 2> : attention_grouped_kernel<8, 4>;
-    return hd <= 32 ? grouped_kernel_with<1>(hp) : hd == 64 ? grouped_kernel_with<2>(hp) : grouped_kernel_with<4>(hp);
+    if (way == ATTN_HEAD_BLOCKS) return per_head_kernel_for<KV, 1>(hd);
+    if (way == ATTN_PER_HEAD || hp == 1) return per_head_kernel_for<KV, 0>(hd);
+    if (hd > 128) return hp == 2 ? attention_grouped_kernel<KV, 8, 2> : attention_grouped_kernel<KV, 8, 4>;
+    return hd <= 32   ? grouped_kernel_with<KV, 1>(hp)
+           : hd == 64 ? grouped_kernel_with<KV, 2>(hp)
+                      : grouped_kernel_with<KV, 4>(hp);
+}
+
+static attention_fn attention_kernel_for(int G, int hd, int way, bool kv_f16) {
+    return kv_f16 ? kernel_for_cache<uint16_t>(G, hd, way) : kernel_for_cache<float>(G, hd, way);
 }
 
 /* The way a launch for G heads of hd dims takes: grouped only where the
@@ -837,24 +903,30 @@ int cuda_attention_way(int pos, int head_blocks_until, int grouped_from) {
     return pos + 1 >= grouped_from ? ATTN_GROUPED : pos + 1 <= head_blocks_until ? ATTN_HEAD_BLOCKS : ATTN_PER_HEAD;
 }
 
-/* Lets the kernel for (G, hd) take its shared memory (past 48 KB for
- * Qwen3's 8 heads a warp); at state creation, never inside a capture. */
+/* Lets the grouped kernels for (G, hd) take their shared memory (past
+ * 48 KB for Qwen3's 8 heads a warp); at state creation, never inside a
+ * capture. */
 cudaError_t cuda_attention_setup(int G, int hd) {
     if (grouped_hp(G, hd) == 1) return cudaSuccess;
-    return cudaFuncSetAttribute(attention_kernel_for(G, hd, ATTN_GROUPED), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)attn_smem(G, hd, ATTN_GROUPED));
+    const int smem = (int)attn_smem(G, hd, ATTN_GROUPED);
+    cudaError_t e = cudaFuncSetAttribute(attention_kernel_for(G, hd, ATTN_GROUPED, false),
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(attention_kernel_for(G, hd, ATTN_GROUPED, true),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    return e;
 }
 
 /* Blocks per KV head (per query head with head_blocks): as many as fit on
  * the GPU at once (a long context is then read by every multiprocessor,
  * so more of its loads are in flight), at most the merge's
  * ATTN_MAX_SPLITS. */
-int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd, bool head_blocks) {
+int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd, bool head_blocks, bool kv_f16) {
     const int G = n_heads / n_kv, way = way_for(head_blocks ? ATTN_HEAD_BLOCKS : ATTN_PER_HEAD, G, hd);
     int per_sm = 1;
     cudaError_t e = cuda_attention_setup(G, hd);
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(G, hd, way),
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel_for(G, hd, way, kv_f16),
                                                           attn_threads(G, way), attn_smem(G, hd, way));
     if (e != cudaSuccess || per_sm < 1) per_sm = 1;
     int splits = per_sm * n_sm / (way == ATTN_HEAD_BLOCKS ? n_heads : n_kv);
@@ -867,8 +939,9 @@ void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl) {
     const int G = a->n_heads / a->n_kv;
     attn_args k = *a;
     k.way = way_for(a->way, G, a->hd);
-    LAUNCH_PDL(pdl, attention_kernel_for(G, k.hd, k.way), dim3(k.way == ATTN_HEAD_BLOCKS ? k.n_heads : k.n_kv, k.n_splits),
-               attn_threads(G, k.way), attn_smem(G, k.hd, k.way), st, k);
+    LAUNCH_PDL(pdl, attention_kernel_for(G, k.hd, k.way, k.kv_f16),
+               dim3(k.way == ATTN_HEAD_BLOCKS ? k.n_heads : k.n_kv, k.n_splits), attn_threads(G, k.way),
+               attn_smem(G, k.hd, k.way), st, k);
 }
 
 /* cos | sin of every position's RoPE angles, as cpu_rope computes them. */

@@ -6,7 +6,8 @@
  *
  * A cuda_model holds every weight in device memory (uploaded once; the
  * routed experts of a layer as one slab per projection, indexed by expert
- * id on the device). A cuda_state holds a sequence's KV cache (f32) and
+ * id on the device). A cuda_state holds a sequence's KV cache (f32, or f16
+ * with cuda_options.kv_f16, rounded as the CPU's is: cpu/cpu.h) and
  * activations, and the decode step captured as a CUDA graph: embedding,
  * every layer, output head and greedy argmax, with the token and position
  * read from device memory, so one graph serves every position and a decode
@@ -53,6 +54,7 @@ typedef struct cuda_options {
      * slower in the decode step on an H100, bench/decode-plan.md fact 73);
      * 0: none */
     long long gemv_stream_min;
+    bool kv_f16; /* the KV cache in f16 (moe_session_params.kv_type; false by default) */
 } cuda_options;
 
 #ifdef MOE_HAVE_CUDA
@@ -292,11 +294,12 @@ typedef struct cuda_test_attention {
     const float *q_norm, *k_norm; /* head_dim (per head) or q_dim / kv_dim (full), or NULL */
     const float *bq, *bk, *bv;    /* or NULL */
     const float *qkv;
+    bool kv_f16; /* the cache in f16: filled positions rounded to it on the way in */
 } cuda_test_attention;
 
 /* k_cache, v_cache: (n_ctx, kv_dim), positions < pos read, the new ones
  * written back (positions past them come back poisoned: never read nor
- * written); out: (n_tokens, q_dim). */
+ * written; an f16 cache widened to f32); out: (n_tokens, q_dim). */
 moe_status cuda_test_prefill_attention(const cuda_test_attention *a, float *k_cache, float *v_cache, float *out,
                                        moe_error *err);
 
@@ -400,6 +403,7 @@ static inline moe_status cuda_model_new(const model *m, cuda_model **out, moe_er
     return cuda_no_cuda(err);
 }
 static inline void cuda_model_free(cuda_model *g) { (void)g; }
+static inline cuda_options cuda_default_options(void) { return (cuda_options){0}; }
 static inline const char *cuda_model_device_name(const cuda_model *g) { (void)g; return "none"; }
 static inline moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *o, cuda_state **out,
                                         moe_error *err) {

@@ -102,6 +102,7 @@ template <class K, class... A> void sim_launch_kernel_together(dim3 grid, dim3 b
 #ifdef MOE_CUDA_SIM
 static inline float h2f(uint16_t h) { return block_fp16_to_f32(h); }
 static inline float f2h_round(float f) { return block_fp16_to_f32(block_f32_to_fp16(f)); }
+static inline uint16_t f2h(float f) { return block_f32_to_fp16(f); }
 static inline uint4 ldg16(const void *p) { return *(const uint4 *)p; }
 static inline uint2 ldg8(const void *p) { return *(const uint2 *)p; }
 static inline uint16_t ldg_u16(const void *p) { return *(const uint16_t *)p; }
@@ -174,6 +175,7 @@ static inline void mbar_wait(uint64_t *bar, unsigned parity = 0) {
 #else
 __device__ __forceinline__ float h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ float f2h_round(float f) { return __half2float(__float2half_rn(f)); }
+__device__ __forceinline__ uint16_t f2h(float f) { return __half_as_ushort(__float2half_rn(f)); }
 /* Weights are read once per token and never written by a kernel: the
  * non-coherent path, and no L1 allocation (nothing reuses them). An L2
  * evict-first policy on these loads measured no faster in the decode step

@@ -169,8 +169,9 @@ static void attention_block(cuda_state *s, int l, bool with_o) {
     a.rope = s->rope;
     a.n_rot = c->n_rot;
     a.neox = c->arch->rope == ROPE_NEOX;
-    a.k_cache = s->k_cache + (size_t)l * s->n_ctx * s->kv_dim;
-    a.v_cache = s->v_cache + (size_t)l * s->n_ctx * s->kv_dim;
+    a.k_cache = cuda_layer_cache(s, s->k_cache, l);
+    a.v_cache = cuda_layer_cache(s, s->v_cache, l);
+    a.kv_f16 = s->opt.kv_f16;
     a.step = s->step;
     a.out = s->att;
     a.part_out = s->attn_part_out;
@@ -747,8 +748,8 @@ static void lay_out(cuda_state *s, uint8_t *base, size_t *used) {
     const int G = c->n_heads / c->n_kv_heads;
     const size_t cache = (size_t)c->n_layers * s->n_ctx * s->kv_dim;
     *used = 0;
-    s->k_cache = (float *)carve(base, used, cache * sizeof(float));
-    s->v_cache = (float *)carve(base, used, cache * sizeof(float));
+    s->k_cache = carve(base, used, cache * cuda_kv_element_bytes(s));
+    s->v_cache = carve(base, used, cache * cuda_kv_element_bytes(s));
     s->x = (float *)carve(base, used, (size_t)c->n_embd * sizeof(float));
     s->qkv = (float *)carve(base, used, (size_t)(s->q_dim + 2 * s->kv_dim) * sizeof(float));
     s->att = (float *)carve(base, used, (size_t)s->q_dim * sizeof(float));
@@ -816,8 +817,9 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         s->h_len = c->n_ff;
     }
     const int G = c->n_heads / c->n_kv_heads;
-    s->attn_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim, false);
-    s->attn_head_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim, true);
+    const bool f16 = s->opt.kv_f16;
+    s->attn_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim, false, f16);
+    s->attn_head_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim, true, f16);
     s->attn_grouped_from = cuda_attention_grouped_from(G, c->head_dim, s->attn_splits);
     s->attn_head_blocks_until = cuda_attention_head_blocks_until(G, c->head_dim);
     s->max_grid = g->n_sm * 32;
@@ -835,7 +837,7 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
         return moe_error_set(err, MOE_ERR_NOMEM,
                              "a context of %d positions needs %.2f GB of GPU memory (KV cache %.2f GB) but %.2f GB are "
                              "free on %s (lower --ctx-size)",
-                             n_ctx, need / 1e9, 2.0 * c->n_layers * n_ctx * s->kv_dim * 4 / 1e9, free_b / 1e9,
+                             n_ctx, need / 1e9, 2.0 * c->n_layers * n_ctx * s->kv_dim * cuda_kv_element_bytes(s) / 1e9, free_b / 1e9,
                              g->device_name);
     }
     size_t smem = max_smem(s);

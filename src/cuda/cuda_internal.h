@@ -173,7 +173,8 @@ struct attn_args {
     float eps;
     const float *rope;             /* (n_ctx, n_rot): cos | sin of each position's angles */
     int n_rot, neox;
-    float *k_cache, *v_cache;      /* this layer: (n_ctx, n_kv*hd) */
+    void *k_cache, *v_cache;       /* this layer: (n_ctx, n_kv*hd), f32 or (kv_f16) f16 bits */
+    bool kv_f16;
     const int *step;
     float *out;                    /* (n_heads*hd) */
     float *part_out;               /* (n_kv, n_splits, G, hd) */
@@ -398,7 +399,7 @@ struct cuda_state {
     cudaStream_t stream;
     uint8_t *mem;
     size_t bytes;
-    float *k_cache, *v_cache; /* (n_layers, n_ctx, kv_dim) */
+    void *k_cache, *v_cache;  /* (n_layers, n_ctx, kv_dim), f32 or (opt.kv_f16) f16 bits */
     float *x;                 /* (n_embd) residual stream */
     float *qkv;               /* (q_dim + 2 kv_dim) */
     float *att;               /* (q_dim) */
@@ -444,6 +445,14 @@ struct cuda_state {
     struct top_scratch *top;         /* cuda_top_logits' scratch (top_logits.cu), made on first use */
 };
 
+/* Bytes of a KV cache element: f32, or f16 with opt.kv_f16. */
+static inline size_t cuda_kv_element_bytes(const cuda_state *s) { return s->opt.kv_f16 ? 2 : 4; }
+
+/* Layer l's (n_ctx, kv_dim) part of a cache. */
+static inline void *cuda_layer_cache(const cuda_state *s, void *cache, int l) {
+    return (uint8_t *)cache + (size_t)l * s->n_ctx * s->kv_dim * cuda_kv_element_bytes(s);
+}
+
 /* The top logits (top_logits.cu): cuda_top_logits on the n_vocab logits
  * at (device) `logits`, on `stream`, with the scratch at *scratch (made on
  * first use, freed by cuda_top_scratch_free); cuda_top_free frees a
@@ -469,7 +478,7 @@ bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits);
 cudaError_t cuda_attention_setup(int G, int hd);
 int cuda_attention_grouped_from(int G, int hd, int n_splits);
 int cuda_attention_head_blocks_until(int G, int hd);
-int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd, bool head_blocks);
+int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd, bool head_blocks, bool kv_f16);
 int cuda_attention_way(int pos, int head_blocks_until, int grouped_from);
 void cuda_rope_table(const model_config *c, const float *rope_freqs, int n_ctx, float *out);
 

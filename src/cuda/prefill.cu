@@ -78,6 +78,7 @@
 
 #include "cuda/kernels.cuh"
 #include "cuda/prefill.h"
+#include "quant/block.h"
 
 #ifdef MOE_CUDA_SIM
 #include "cuda/cublas_sim.h"
@@ -222,10 +223,28 @@ struct prefill_attn {
     float eps;
     const float *rope;        /* (n_ctx, n_rot): cos | sin of each position's angles (attention.cu) */
     int n_rot, neox;
-    float *k_cache, *v_cache; /* this layer: (n_ctx, kv_dim) */
+    void *k_cache, *v_cache;  /* this layer: (n_ctx, kv_dim), f32 or (kv_f16) f16 bits */
+    bool kv_f16;
     float *out;               /* (T, q_dim) */
     int pos, n_heads, n_kv, hd;
 };
+
+/* Element i of a KV cache, f32 or f16 bits; four from i, a multiple of 4. */
+static __device__ float cache_get(const void *cache, int64_t i, bool f16) {
+    return f16 ? h2f(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];
+}
+
+static __device__ float4 cache_get4(const void *cache, int64_t i, bool f16) {
+    if (!f16) return *(const float4 *)((const float *)cache + i);
+    const uint2 t = *(const uint2 *)((const uint16_t *)cache + i);
+    const float4 v = {h2f((uint16_t)t.x), h2f((uint16_t)(t.x >> 16)), h2f((uint16_t)t.y), h2f((uint16_t)(t.y >> 16))};
+    return v;
+}
+
+static __device__ void cache_put(void *cache, int64_t i, float v, bool f16) {
+    if (f16) ((uint16_t *)cache)[i] = f2h(v);
+    else ((float *)cache)[i] = v;
+}
 
 /* RMSNorm of one head in place, by one warp (the scale as cpu_rmsnorm). */
 static __device__ void rms_head(float *p, int n, const float *w, float eps, int lane) {
@@ -280,8 +299,8 @@ static __global__ void __launch_bounds__(ROW_THREADS) qk_prepare_kernel(const pr
     }
     __syncthreads();
     for (int i = tid; i < kv_dim; i += nt) {
-        a.k_cache[(int64_t)pos * kv_dim + i] = k[i];
-        a.v_cache[(int64_t)pos * kv_dim + i] = v[i];
+        cache_put(a.k_cache, (int64_t)pos * kv_dim + i, k[i], a.kv_f16);
+        cache_put(a.v_cache, (int64_t)pos * kv_dim + i, v[i], a.kv_f16);
     }
 }
 
@@ -335,8 +354,8 @@ static __global__ void __launch_bounds__(ATT_THREADS) attention_kernel(const pre
         for (int i = tid; i < n * hd; i += ATT_THREADS) {
             const int j = i / hd, d = i - j * hd;
             const int64_t at = (int64_t)(k0 + j) * kv_dim + g * hd + d;
-            ks[j * hp + d] = a.k_cache[at];
-            vs[j * hd + d] = a.v_cache[at];
+            ks[j * hp + d] = cache_get(a.k_cache, at, a.kv_f16);
+            vs[j * hd + d] = cache_get(a.v_cache, at, a.kv_f16);
         }
         __syncthreads();
         const int tx = tid & 7, ty = tid >> 3;
@@ -419,7 +438,7 @@ static __device__ void stage_keys_bf16(const prefill_attn &a, int g, int k0, int
         float4 k = {0.0f, 0.0f, 0.0f, 0.0f}, v = k;
         if (key < last) {
             const int64_t at = (int64_t)key * kv_dim + g * HD + d;
-            k = *(const float4 *)(a.k_cache + at), v = *(const float4 *)(a.v_cache + at);
+            k = cache_get4(a.k_cache, at, a.kv_f16), v = cache_get4(a.v_cache, at, a.kv_f16);
         }
         const uint2 kb = {bf16_pair(k.x, k.y), bf16_pair(k.z, k.w)};
         *(uint2 *)(ks + j * (HD + 8) + d) = kb;
@@ -903,8 +922,9 @@ static moe_status attention_layer(cuda_state *s, int l, int T, int pos, moe_erro
     a.eps = c->rms_eps;
     a.rope = s->rope;
     a.n_rot = c->n_rot, a.neox = c->arch->rope == ROPE_NEOX;
-    a.k_cache = s->k_cache + (size_t)l * s->n_ctx * kv;
-    a.v_cache = s->v_cache + (size_t)l * s->n_ctx * kv;
+    a.k_cache = cuda_layer_cache(s, s->k_cache, l);
+    a.v_cache = cuda_layer_cache(s, s->v_cache, l);
+    a.kv_f16 = s->opt.kv_f16;
     a.out = p->att;
     a.pos = pos, a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.hd = c->head_dim;
     launch_attention(&a, T, s->stream);
@@ -1422,28 +1442,50 @@ static cudaError_t upload_rope_table(test_allocs *t, const cuda_test_attention *
  * or never read) and the poisoned output. */
 typedef struct attn_test_io {
     const float *qkv, *q_norm, *k_norm, *rope;
-    float *k_cache, *v_cache, *out;
+    void *k_cache, *v_cache; /* f32, or f16 bits (cuda_test_attention.kv_f16) */
+    float *out;
 } attn_test_io;
+
+/* n floats of a test's cache at `at` on the device, in the cache's type. */
+static cudaError_t cache_upload(void *at, const float *src, size_t n, bool f16) {
+    if (!f16) return cudaMemcpy(at, src, n * sizeof(float), cudaMemcpyHostToDevice);
+    uint16_t *bits = (uint16_t *)malloc(n * sizeof *bits + 1);
+    if (!bits) return cudaErrorMemoryAllocation;
+    for (size_t i = 0; i < n; i++) bits[i] = block_f32_to_fp16(src[i]);
+    cudaError_t e = cudaMemcpy(at, bits, n * sizeof *bits, cudaMemcpyHostToDevice);
+    free(bits);
+    return e;
+}
+
+static cudaError_t cache_download(float *dst, const void *at, size_t n, bool f16) {
+    if (!f16) return cudaMemcpy(dst, at, n * sizeof(float), cudaMemcpyDeviceToHost);
+    uint16_t *bits = (uint16_t *)malloc(n * sizeof *bits + 1);
+    if (!bits) return cudaErrorMemoryAllocation;
+    cudaError_t e = cudaMemcpy(bits, at, n * sizeof *bits, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; e == cudaSuccess && i < n; i++) dst[i] = block_fp16_to_f32(bits[i]);
+    free(bits);
+    return e;
+}
 
 static cudaError_t upload_attention_io(test_allocs *t, const cuda_test_attention *c, const float *k_cache,
                                        const float *v_cache, attn_test_io *io) {
     const int T = c->n_tokens, q_dim = c->n_heads * c->head_dim, kv_dim = c->n_kv_heads * c->head_dim;
-    const size_t cache_n = (size_t)c->n_ctx * kv_dim;
+    const size_t elem = c->kv_f16 ? 2 : 4, cache_n = (size_t)c->n_ctx * kv_dim, filled = (size_t)c->pos * kv_dim;
     const size_t qn = c->qk_norm == QK_NORM_FULL ? q_dim : c->head_dim,
                  kn = c->qk_norm == QK_NORM_FULL ? kv_dim : c->head_dim;
-    const size_t filled = (size_t)c->pos * kv_dim * sizeof(float), rest = cache_n * sizeof(float) - filled;
     cudaError_t e = test_upload(t, c->qkv, (size_t)T * (q_dim + 2 * kv_dim), &io->qkv);
     if (e == cudaSuccess) e = test_upload(t, c->q_norm, qn, &io->q_norm);
     if (e == cudaSuccess) e = test_upload(t, c->k_norm, kn, &io->k_norm);
     if (e == cudaSuccess) e = upload_rope_table(t, c, &io->rope);
-    if (e == cudaSuccess) e = test_alloc(t, (void **)&io->k_cache, cache_n * sizeof(float));
-    if (e == cudaSuccess) e = test_alloc(t, (void **)&io->v_cache, cache_n * sizeof(float));
+    if (e == cudaSuccess) e = test_alloc(t, &io->k_cache, cache_n * elem);
+    if (e == cudaSuccess) e = test_alloc(t, &io->v_cache, cache_n * elem);
     if (e == cudaSuccess) e = test_alloc(t, (void **)&io->out, (size_t)T * q_dim * sizeof(float));
     if (e == cudaSuccess) e = cudaMemset(io->out, 0xff, (size_t)T * q_dim * sizeof(float));
-    if (e == cudaSuccess) e = cudaMemcpy(io->k_cache, k_cache, filled, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = cudaMemcpy(io->v_cache, v_cache, filled, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess) e = cudaMemset((uint8_t *)io->k_cache + filled, 0xff, rest);
-    if (e == cudaSuccess) e = cudaMemset((uint8_t *)io->v_cache + filled, 0xff, rest);
+    if (e == cudaSuccess) e = cache_upload(io->k_cache, k_cache, filled, c->kv_f16);
+    if (e == cudaSuccess) e = cache_upload(io->v_cache, v_cache, filled, c->kv_f16);
+    /* all ones: a NaN in f32 and in f16 */
+    if (e == cudaSuccess) e = cudaMemset((uint8_t *)io->k_cache + filled * elem, 0xff, (cache_n - filled) * elem);
+    if (e == cudaSuccess) e = cudaMemset((uint8_t *)io->v_cache + filled * elem, 0xff, (cache_n - filled) * elem);
     return e;
 }
 
@@ -1455,8 +1497,8 @@ static moe_status download_attention_io(cudaError_t e, const cuda_test_attention
     if (e == cudaSuccess)
         e = cudaMemcpy(out, io->out, (size_t)c->n_tokens * c->n_heads * c->head_dim * sizeof(float),
                        cudaMemcpyDeviceToHost);
-    if (e == cudaSuccess) e = cudaMemcpy(k_cache, io->k_cache, cache_n * sizeof(float), cudaMemcpyDeviceToHost);
-    if (e == cudaSuccess) e = cudaMemcpy(v_cache, io->v_cache, cache_n * sizeof(float), cudaMemcpyDeviceToHost);
+    if (e == cudaSuccess) e = cache_download(k_cache, io->k_cache, cache_n, c->kv_f16);
+    if (e == cudaSuccess) e = cache_download(v_cache, io->v_cache, cache_n, c->kv_f16);
     if (e == cudaSuccess) return MOE_OK;
     (void)cudaGetLastError();
     return moe_error_set(err, MOE_ERR_IO, "%s attention test: %s", what, cudaGetErrorName(e));
@@ -1481,7 +1523,7 @@ moe_status cuda_test_prefill_attention(const cuda_test_attention *c, float *k_ca
         a.qkv = (float *)io.qkv; /* rotated in place: the test's own copy */
         a.qkv_stride = q_dim + 2 * kv_dim;
         a.q_norm = io.q_norm, a.k_norm = io.k_norm, a.rope = io.rope;
-        a.k_cache = io.k_cache, a.v_cache = io.v_cache, a.out = io.out;
+        a.k_cache = io.k_cache, a.v_cache = io.v_cache, a.kv_f16 = c->kv_f16, a.out = io.out;
         a.qk_norm = c->qk_norm;
         a.eps = c->eps;
         a.n_rot = c->n_rot, a.neox = c->neox;
@@ -1517,7 +1559,7 @@ moe_status cuda_test_decode_attention(const cuda_test_attention *c, int n_splits
     if (e == cudaSuccess) e = cudaMemcpy((void *)a.step, step, sizeof step, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) {
         a.qkv = io.qkv, a.q_norm = io.q_norm, a.k_norm = io.k_norm, a.rope = io.rope;
-        a.k_cache = io.k_cache, a.v_cache = io.v_cache, a.out = io.out;
+        a.k_cache = io.k_cache, a.v_cache = io.v_cache, a.kv_f16 = c->kv_f16, a.out = io.out;
         a.qk_norm = c->qk_norm;
         a.eps = c->eps;
         a.n_rot = c->n_rot, a.neox = c->neox;

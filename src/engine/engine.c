@@ -16,7 +16,7 @@
 #include "engine/engine_internal.h"
 
 /* A context the model was trained for can be huge (40k+ positions, GBs of
- * f32 KV cache); without an explicit n_ctx a session takes at most this. */
+ * KV cache); without an explicit n_ctx a session takes at most this. */
 #define DEFAULT_MAX_CTX 4096
 
 void moe_free(void *p) { free(p); }
@@ -88,6 +88,7 @@ moe_session_params moe_session_default_params(void) {
     return (moe_session_params){
         .n_ctx = 0,
         .n_batch = 256,
+        .kv_type = MOE_KV_F32,
         .sampling = {s.temperature, s.top_k, s.top_p, s.min_p, s.repetition_penalty, s.presence_penalty,
                      s.frequency_penalty, s.penalty_last_n, s.seed},
     };
@@ -121,9 +122,19 @@ moe_status moe_session_new(moe_model *m, const moe_session_params *params, moe_s
     int n_vocab = m->weights->config.n_vocab;
     sampler_params sp = to_sampler_params(&s->params.sampling);
     moe_status st = sampler_init(&s->sampler, &sp, n_vocab, err);
-    if (st == MOE_OK && m->gpu) st = cuda_state_new(m->gpu, s->params.n_ctx, NULL, &s->gpu, err);
-    else if (st == MOE_OK)
-        st = cpu_state_new(m->weights, s->params.n_ctx, s->params.n_batch, m->params.n_threads, &s->cpu, err);
+    if (st == MOE_OK && s->params.kv_type != MOE_KV_F32 && s->params.kv_type != MOE_KV_F16)
+        st = moe_error_set(err, MOE_ERR_INVALID_ARG, "unknown KV cache type %d (f32 or f16)", (int)s->params.kv_type);
+    if (st == MOE_OK && m->gpu) {
+        cuda_options o = cuda_default_options();
+        o.kv_f16 = s->params.kv_type == MOE_KV_F16;
+        st = cuda_state_new(m->gpu, s->params.n_ctx, &o, &s->gpu, err);
+    } else if (st == MOE_OK) {
+        cpu_state_params p = {.n_ctx = s->params.n_ctx,
+                              .max_batch = s->params.n_batch,
+                              .n_threads = m->params.n_threads,
+                              .kv_type = s->params.kv_type};
+        st = cpu_state_new(m->weights, &p, &s->cpu, err);
+    }
     if (st == MOE_OK && (!(s->logits = malloc((size_t)n_vocab * sizeof(float))) ||
                          !(s->tokens = malloc((size_t)s->params.n_ctx * sizeof *s->tokens))))
         st = moe_error_set(err, MOE_ERR_NOMEM, "out of memory");
