@@ -2,10 +2,8 @@
  * cpu.h — the CPU backend: the reference forward pass, and a usable engine.
  *
  * A cpu_state holds what a sequence needs besides the weights: the KV cache
- * ([layer][position][kv_dim], f32 or f16) and the activation buffers of a
- * batch. An f16 cache holds each key and value rounded to nearest even as
- * it is appended, and attention reads them back widened to f32: the GPU's
- * f16 cache rounds the same values the same way.
+ * in f32 or f16 with the attention over it (cpu_attention.h) and the
+ * activation buffers of a batch.
  * cpu_forward runs a batch of tokens at consecutive positions: every weight
  * matrix is applied to the whole batch at once (prefill), and a batch of
  * one is decode. Accumulation is f32 (double where a long sum needs it);

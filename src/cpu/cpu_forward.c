@@ -17,17 +17,16 @@
 
 #include "common/error.h"
 #include "common/thread_pool.h"
+#include "cpu/cpu_attention.h"
 #include "cpu/cpu_matmul.h"
 #include "cpu/cpu_ops.h"
-#include "quant/quant.h"
 
 struct cpu_state {
     const model *m;
     thread_pool *pool;
     int n_ctx, max_batch;
     int q_dim, kv_dim, ff_dim;
-    const quant_format *kv_format; /* the cache's elements: f32 or f16 */
-    uint8_t *k_cache, *v_cache;    /* (n_layers, n_ctx, kv_dim) of kv_format */
+    cpu_attention kv; /* the KV cache and the attention over it */
     /* batch activations, max_batch rows each */
     float *x;        /* (B, n_embd) residual stream */
     float *xn;       /* (B, n_embd) normalised input of a block (norm_rows, products_input) */
@@ -35,8 +34,6 @@ struct cpu_state {
     float *q;        /* (B, q_dim) */
     float *k, *v;  /* (B, kv_dim) */
     float *att;    /* (B, q_dim) attention output */
-    float *scores; /* (n_threads, n_ctx) */
-    float *values; /* (n_threads, head_dim) an f16 cache's value row widened */
     float *gate, *up; /* (B * slots, ff_dim) FFN hidden */
     float *ffn_out;   /* (B, n_embd) */
     float *gathered;  /* (B, n_embd) the inputs of the tokens routed to one expert */
@@ -72,14 +69,10 @@ moe_status cpu_state_new(const model *m, const cpu_state_params *p, cpu_state **
     s->kv_dim = c->n_kv_heads * c->head_dim;
     int k = c->n_experts ? c->n_experts_used : 1;
     s->ff_dim = c->n_experts ? (c->n_ff_expert > c->n_ff_shared ? c->n_ff_expert : c->n_ff_shared) : c->n_ff;
-    s->kv_format = quant_format_of(p->kv_type == MOE_KV_F16 ? MOE_TYPE_F16 : MOE_TYPE_F32);
     s->pool = thread_pool_new(p->n_threads);
     bool ok = s->pool != NULL;
-    const int workers = s->pool ? thread_pool_size(s->pool) : 1;
-    size_t B = (size_t)max_batch, cache = (size_t)c->n_layers * n_ctx * s->kv_dim * s->kv_format->block_bytes;
-    s->k_cache = calloc(cache ? cache : 1, 1);
-    s->v_cache = calloc(cache ? cache : 1, 1);
-    ok = ok && s->k_cache && s->v_cache;
+    ok = ok && cpu_attention_init(&s->kv, c, n_ctx, max_batch, thread_pool_size(s->pool), p->kv_type);
+    size_t B = (size_t)max_batch;
     s->x = alloc_floats(B * c->n_embd, &ok);
     s->xn = alloc_floats(B * c->n_embd, &ok);
     s->xn_scale = alloc_floats(B, &ok);
@@ -87,8 +80,6 @@ moe_status cpu_state_new(const model *m, const cpu_state_params *p, cpu_state **
     s->k = alloc_floats(B * s->kv_dim, &ok);
     s->v = alloc_floats(B * s->kv_dim, &ok);
     s->att = alloc_floats(B * s->q_dim, &ok);
-    s->scores = alloc_floats((size_t)workers * n_ctx, &ok);
-    s->values = alloc_floats((size_t)workers * c->head_dim, &ok);
     s->gate = alloc_floats(B * k * s->ff_dim, &ok);
     s->up = alloc_floats(B * k * s->ff_dim, &ok);
     s->ffn_out = alloc_floats(B * c->n_embd, &ok);
@@ -100,7 +91,7 @@ moe_status cpu_state_new(const model *m, const cpu_state_params *p, cpu_state **
     if (!ok || !s->route_ids) {
         cpu_state_free(s);
         return moe_error_set(err, MOE_ERR_NOMEM, "cannot allocate the CPU state (KV cache of %d positions: %.1f MB)",
-                             n_ctx, 2.0 * cache / 1e6);
+                             n_ctx, s->kv.format ? cpu_attention_cache_bytes(&s->kv) / 1e6 : 0.0);
     }
     *out = s;
     return MOE_OK;
@@ -109,11 +100,9 @@ moe_status cpu_state_new(const model *m, const cpu_state_params *p, cpu_state **
 void cpu_state_free(cpu_state *s) {
     if (!s) return;
     thread_pool_free(s->pool);
-    free(s->k_cache);
-    free(s->v_cache);
-    float *buffers[] = {s->x,       s->xn,       s->xn_scale,   s->q,      s->k,       s->v,
-                        s->att,     s->scores,   s->values,     s->gate,   s->up,      s->ffn_out,
-                        s->gathered, s->expert_out, s->router, s->route_w};
+    cpu_attention_free(&s->kv);
+    float *buffers[] = {s->x,   s->xn,      s->xn_scale, s->q,          s->k,      s->v,      s->att,
+                        s->gate, s->up,     s->ffn_out,  s->gathered,   s->expert_out, s->router, s->route_w};
     for (size_t i = 0; i < sizeof buffers / sizeof buffers[0]; i++) free(buffers[i]);
     free(s->route_ids);
     quantized_rows_free(&s->xq);
@@ -181,47 +170,6 @@ static void qk_norm_and_rope(cpu_state *s, const layer_weights *w, int n, int po
     }
 }
 
-typedef struct attention_job {
-    cpu_state *s;
-    int layer, pos;
-} attention_job;
-
-/* The cache's row of position `pos` in layer l (kv_dim elements). */
-static uint8_t *cache_row(const cpu_state *s, uint8_t *cache, int l, int pos) {
-    return cache + ((size_t)l * s->n_ctx + (size_t)pos) * s->kv_dim * s->kv_format->block_bytes;
-}
-
-/* A cached value of hd elements as floats: the cache's own (f32), or
- * widened into buf (f16). */
-static const float *value_floats(const cpu_state *s, const uint8_t *value, float *buf, int hd) {
-    if (s->kv_format->type == MOE_TYPE_F32) return (const float *)value;
-    s->kv_format->dequantize(value, buf, hd);
-    return buf;
-}
-
-/* One (token, head): scores over positions 0..pos+t, softmax, sum of values. */
-static void attend_one(void *ctx, int64_t task, int worker) {
-    const attention_job *job = ctx;
-    cpu_state *s = job->s;
-    const model_config *c = &s->m->config;
-    int t = (int)(task / c->n_heads), h = (int)(task % c->n_heads);
-    int kv_head = h / (c->n_heads / c->n_kv_heads), hd = c->head_dim;
-    int n_pos = job->pos + t + 1;
-    const size_t head_off = (size_t)kv_head * hd * s->kv_format->block_bytes;
-    const float *q = s->q + (int64_t)t * s->q_dim + (int64_t)h * hd;
-    float *scores = s->scores + (int64_t)worker * s->n_ctx, *buf = s->values + (int64_t)worker * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    for (int p = 0; p < n_pos; p++)
-        scores[p] = s->kv_format->dot(cache_row(s, s->k_cache, job->layer, p) + head_off, q, hd) * scale;
-    cpu_softmax(scores, n_pos);
-    float *out = s->att + (int64_t)t * s->q_dim + (int64_t)h * hd;
-    memset(out, 0, (size_t)hd * sizeof *out);
-    for (int p = 0; p < n_pos; p++) {
-        const float *value = value_floats(s, cache_row(s, s->v_cache, job->layer, p) + head_off, buf, hd);
-        for (int i = 0; i < hd; i++) out[i] += scores[p] * value[i];
-    }
-}
-
 static int attention_block(cpu_state *s, int l, int n, int pos) {
     const model_config *c = &s->m->config;
     const layer_weights *w = &s->m->layers[l];
@@ -233,11 +181,9 @@ static int attention_block(cpu_state *s, int l, int n, int pos) {
     add_bias(s->k, &w->bk, n);
     add_bias(s->v, &w->bv, n);
     qk_norm_and_rope(s, w, n, pos);
-    /* appended in the cache's type: an f16 cache's attention sees the rounded rows, as later steps do */
-    s->kv_format->quantize(s->k, cache_row(s, s->k_cache, l, pos), (int64_t)n * s->kv_dim);
-    s->kv_format->quantize(s->v, cache_row(s, s->v_cache, l, pos), (int64_t)n * s->kv_dim);
-    attention_job job = {s, l, pos};
-    thread_pool_run(s->pool, (int64_t)n * c->n_heads, attend_one, &job);
+    /* appended first: an f16 cache's attention sees the rounded rows, as later steps do */
+    cpu_attention_append(&s->kv, l, pos, n, s->k, s->v);
+    cpu_attention_run(&s->kv, s->pool, l, pos, n, s->q, s->att);
     if (matmul(s, &w->wo, s->att, n, s->q_dim, s->ffn_out)) return -1;
     for (int64_t i = 0; i < (int64_t)n * c->n_embd; i++) s->x[i] += s->ffn_out[i];
     return 0;
