@@ -27,6 +27,7 @@
 #include <stdlib.h>
 
 #include "cpu/cpu_kernels.h"
+#include "cpu/cpu_kernels_x86.h"
 #include "quant_data.h"
 #include "test.h"
 
@@ -223,6 +224,32 @@ static void test_env_forces_portable(void) {
         if (quant_is_supported((moe_type)t)) CHECK(cpu_dot_kernel((moe_type)t) == quant_format_of(t)->dot);
 }
 
+/* Every f16 bit pattern, from an odd address, widened by F16C as by the
+ * portable conversion, bit for bit (NaNs quieted alike); the chosen level's
+ * widener is the portable one under MOE_CPU_ISA=portable. */
+static void test_f16_widening(void) {
+    enum { N = 1 << 16 };
+    uint8_t *bytes = malloc(2 * N + 1);
+    float *want = malloc(N * sizeof *want), *got = malloc(N * sizeof *got);
+    for (int i = 0; i < N; i++) bytes[1 + 2 * i] = (uint8_t)i, bytes[2 + 2 * i] = (uint8_t)(i >> 8);
+    quant_format_of(MOE_TYPE_F16)->dequantize(bytes + 1, want, N);
+    CHECK(cpu_f16_to_f32_kernel() == quant_format_of(MOE_TYPE_F16)->dequantize);
+#if defined(__x86_64__)
+    if (cpu_isa_detected() >= CPU_ISA_AVX2) {
+        for (int n = 0; n <= 17; n++) { /* the tails */
+            memset(got, 0xff, N * sizeof *got);
+            cpu_avx2_f16_to_f32(bytes + 1 + 2 * 1000, got, n);
+            CHECKF(memcmp(got, want + 1000, (size_t)n * sizeof *got) == 0 && isnan(got[n]), "n = %d", n);
+        }
+        cpu_avx2_f16_to_f32(bytes + 1, got, N);
+        int wrong = 0;
+        for (int i = 0; i < N; i++) wrong += memcmp(&got[i], &want[i], sizeof got[i]) != 0;
+        CHECKF(wrong == 0, "%d of the 65536 f16 values widen otherwise with F16C", wrong);
+    }
+#endif
+    free(bytes), free(want), free(got);
+}
+
 static void print_worst(cpu_isa top) {
     printf("worst |kernel - portable| and |kernel - float64|, over sum |w a| (tolerance %.0e):\n", REL_TOL);
     for (uint32_t t = 0; t < MOE_TYPE_COUNT; t++) {
@@ -244,6 +271,7 @@ int main(void) {
 
     RUN(test_kernel_table);
     RUN(test_env_forces_portable);
+    RUN(test_f16_widening);
     RUN(test_level_portable);
     if (top >= CPU_ISA_AVX2)
         RUN(test_level_avx2);

@@ -1,6 +1,8 @@
 /* thread_pool.c — see thread_pool.h. */
 #include "common/thread_pool.h"
 
+#include "common/clock.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -10,8 +12,9 @@
 /* How long a thread waits on a job (the workers for the next, the caller
  * for the workers) by polling before it sleeps on a condition variable: a
  * decode step is hundreds of short jobs, and waking a sleeping thread costs
- * tens of microseconds, more than many of the jobs. About 0.1-0.5 ms. */
-enum { SPIN_ROUNDS = 1 << 14 };
+ * tens of microseconds, more than many of the jobs. By the clock, not by
+ * rounds: a pause instruction takes 3 to 140 cycles depending on the CPU. */
+#define SPIN_SECONDS 300e-6
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -19,6 +22,18 @@ static inline void cpu_relax(void) {
 #elif defined(__aarch64__)
     __asm__ volatile("yield");
 #endif
+}
+
+/* Polls until done(arg) or SPIN_SECONDS have passed; done's last answer. */
+static bool spin_until(bool (*done)(void *), void *arg) {
+    const double deadline = monotonic_seconds() + SPIN_SECONDS;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (done(arg)) return true;
+            cpu_relax();
+        }
+        if (monotonic_seconds() > deadline) return done(arg);
+    }
 }
 
 struct thread_pool {
@@ -52,13 +67,21 @@ static void run_tasks(thread_pool *pool, int worker) {
     }
 }
 
+typedef struct generation_wait {
+    thread_pool *pool;
+    uint64_t seen;
+} generation_wait;
+
+static bool generation_moved(void *arg) {
+    const generation_wait *w = arg;
+    return atomic_load(&w->pool->generation) != w->seen;
+}
+
+static bool workers_done(void *arg) { return atomic_load(&((thread_pool *)arg)->busy_workers) == 0; }
+
 /* A worker's wait for a generation other than `seen`: polled, then asleep. */
 static uint64_t wait_for_job(thread_pool *pool, uint64_t seen) {
-    for (int i = 0; i < SPIN_ROUNDS; i++) {
-        uint64_t g = atomic_load(&pool->generation);
-        if (g != seen) return g;
-        cpu_relax();
-    }
+    if (spin_until(generation_moved, &(generation_wait){pool, seen})) return atomic_load(&pool->generation);
     pthread_mutex_lock(&pool->lock);
     pool->sleeping_workers++;
     while (atomic_load(&pool->generation) == seen) pthread_cond_wait(&pool->job_ready, &pool->lock);
@@ -151,8 +174,7 @@ void thread_pool_run(thread_pool *pool, int64_t n_tasks, thread_pool_fn fn, void
 
     run_tasks(pool, 0);
 
-    for (int i = 0; i < SPIN_ROUNDS && atomic_load(&pool->busy_workers) > 0; i++) cpu_relax();
-    if (atomic_load(&pool->busy_workers) == 0) return;
+    if (spin_until(workers_done, pool)) return;
     pthread_mutex_lock(&pool->lock);
     pool->caller_sleeping = true;
     while (atomic_load(&pool->busy_workers) > 0) pthread_cond_wait(&pool->job_done, &pool->lock);

@@ -14,6 +14,9 @@ enum { SPAN_MIN = 256, SPANS_MAX = 32, GROUP_TOKENS = 16 };
 
 static float *alloc_floats(size_t n) { return calloc(n ? n : 1, sizeof(float)); }
 
+/* Floats rounded up to whole 64-byte cache lines. */
+static size_t line_floats(size_t n) { return (n + 15) / 16 * 16; }
+
 bool cpu_attention_init(cpu_attention *a, const model_config *c, int n_ctx, int max_batch, int workers,
                         moe_kv_type kv_type) {
     memset(a, 0, sizeof *a);
@@ -25,7 +28,8 @@ bool cpu_attention_init(cpu_attention *a, const model_config *c, int n_ctx, int 
     a->kv_dim = c->n_kv_heads * c->head_dim;
     const moe_type type = kv_type == MOE_KV_F16 ? MOE_TYPE_F16 : MOE_TYPE_F32;
     a->format = quant_format_of(type);
-    a->key_dot = a->format->dot;
+    a->key_dot = cpu_dot_kernel(type);
+    a->widen = type == MOE_TYPE_F16 ? cpu_f16_to_f32_kernel() : NULL;
     const int by_count = (n_ctx + SPANS_MAX - 1) / SPANS_MAX;
     a->span = by_count > SPAN_MIN ? by_count : SPAN_MIN;
     a->max_spans = (n_ctx + a->span - 1) / a->span;
@@ -36,9 +40,13 @@ bool cpu_attention_init(cpu_attention *a, const model_config *c, int n_ctx, int 
     a->v_cache = calloc(cache ? cache : 1, 1);
     a->span_out = alloc_floats(parts * a->hd);
     a->span_ml = alloc_floats(parts * 2);
-    a->scores = alloc_floats((size_t)workers * (a->n_heads / a->n_kv) * a->span);
-    a->rows = alloc_floats((size_t)workers * a->hd);
-    return a->k_cache && a->v_cache && a->span_out && a->span_ml && a->scores && a->rows;
+    /* a worker's scratch on cache lines of its own: sums written by two
+     * workers into one line would make them take turns on it */
+    const int G = a->n_heads / a->n_kv;
+    a->scratch_floats =
+        line_floats((size_t)G * a->span) + line_floats((size_t)G * a->hd) + line_floats(a->hd) + line_floats(2 * (size_t)G);
+    a->scratch = aligned_alloc(64, (size_t)workers * a->scratch_floats * sizeof(float));
+    return a->k_cache && a->v_cache && a->span_out && a->span_ml && a->scratch;
 }
 
 void cpu_attention_free(cpu_attention *a) {
@@ -46,8 +54,7 @@ void cpu_attention_free(cpu_attention *a) {
     free(a->v_cache);
     free(a->span_out);
     free(a->span_ml);
-    free(a->scores);
-    free(a->rows);
+    free(a->scratch);
     memset(a, 0, sizeof *a);
 }
 
@@ -90,7 +97,9 @@ static void span_softmax(float *scores, int len, float *m, float *l) {
 }
 
 /* One (token, KV head, span): the G query heads' partial results over the
- * span's positions; a span past the token's last position is empty (l = 0). */
+ * span's positions, summed in the worker's scratch and then stored: into
+ * the output (divided by l) when the context is one span, else for the
+ * merge. A span past the token's last position is empty (l = 0). */
 static void attend_span(void *ctx, int64_t task, int worker) {
     const attention_job *job = ctx;
     cpu_attention *a = job->a;
@@ -100,45 +109,45 @@ static void attend_span(void *ctx, int64_t task, int worker) {
     const int p0 = sp * span, p1 = job->pos + t + 1 < p0 + span ? job->pos + t + 1 : p0 + span;
     const size_t head_off = (size_t)g * hd * a->format->block_bytes;
     const float *q = job->q + (size_t)t * a->n_heads * hd + (size_t)g * G * hd;
-    float *scores = a->scores + (size_t)worker * G * span, *row = a->rows + (size_t)worker * hd;
-    for (int hh = 0; hh < G; hh++) {
-        float *ml = a->span_ml + 2 * part_index(a, tl, g * G + hh, sp);
-        ml[0] = -INFINITY, ml[1] = 0.0f;
-    }
-    if (p0 >= p1) return;
-    const float scale = 1.0f / sqrtf((float)hd);
-    for (int p = p0; p < p1; p++) {
-        const uint8_t *key = cache_row(a, a->k_cache, job->layer, p) + head_off;
-        for (int hh = 0; hh < G; hh++) scores[hh * span + p - p0] = a->key_dot(key, q + hh * hd, hd) * scale;
-    }
-    /* one span: the weighted values go straight to the output, divided by l below */
-    float *const acc0 = job->n_spans == 1 ? job->out + (size_t)t * a->n_heads * hd + (size_t)g * G * hd
-                                          : a->span_out + part_index(a, tl, g * G, sp) * hd;
-    const size_t acc_step = job->n_spans == 1 ? (size_t)hd : (size_t)a->max_spans * hd; /* the next head's */
-    for (int hh = 0; hh < G; hh++) {
-        float *ml = a->span_ml + 2 * part_index(a, tl, g * G + hh, sp);
-        span_softmax(scores + hh * span, p1 - p0, &ml[0], &ml[1]);
-        memset(acc0 + hh * acc_step, 0, (size_t)hd * sizeof(float));
-    }
-    for (int p = p0; p < p1; p++) {
-        const uint8_t *cached = cache_row(a, a->v_cache, job->layer, p) + head_off;
-        const float *value = (const float *)cached;
-        if (a->format->type != MOE_TYPE_F32) a->format->dequantize(cached, row, hd), value = row;
-        for (int hh = 0; hh < G; hh++) {
-            float *acc = acc0 + hh * acc_step;
-            const float w = scores[hh * span + p - p0];
-            for (int i = 0; i < hd; i++) acc[i] += w * value[i];
+    float *scores = a->scratch + (size_t)worker * a->scratch_floats;
+    float *sums = scores + line_floats((size_t)G * span), *row = sums + line_floats((size_t)G * hd);
+    float *m = row + line_floats(hd), *l = m + G;
+    for (int hh = 0; hh < G; hh++) m[hh] = -INFINITY, l[hh] = 0.0f;
+    if (p0 < p1) {
+        const float scale = 1.0f / sqrtf((float)hd);
+        for (int p = p0; p < p1; p++) {
+            const uint8_t *key = cache_row(a, a->k_cache, job->layer, p) + head_off;
+            for (int hh = 0; hh < G; hh++) scores[hh * span + p - p0] = a->key_dot(key, q + hh * hd, hd) * scale;
+        }
+        for (int hh = 0; hh < G; hh++) span_softmax(scores + hh * span, p1 - p0, &m[hh], &l[hh]);
+        memset(sums, 0, (size_t)G * hd * sizeof *sums);
+        for (int p = p0; p < p1; p++) {
+            const uint8_t *cached = cache_row(a, a->v_cache, job->layer, p) + head_off;
+            const float *value = (const float *)cached;
+            if (a->widen) a->widen(cached, row, hd), value = row;
+            for (int hh = 0; hh < G; hh++) {
+                const float w = scores[hh * span + p - p0];
+                for (int i = 0; i < hd; i++) sums[hh * hd + i] += w * value[i];
+            }
         }
     }
-    for (int hh = 0; hh < G && job->n_spans == 1; hh++) {
-        const float inv = (float)(1.0 / a->span_ml[2 * part_index(a, tl, g * G + hh, sp) + 1]);
-        for (int i = 0; i < hd; i++) acc0[hh * acc_step + i] *= inv;
+    for (int hh = 0; hh < G; hh++) {
+        const int h = g * G + hh;
+        if (job->n_spans == 1) { /* the whole context: never empty */
+            const float inv = (float)(1.0 / l[hh]);
+            float *out = job->out + (size_t)t * a->n_heads * hd + (size_t)h * hd;
+            for (int i = 0; i < hd; i++) out[i] = sums[hh * hd + i] * inv;
+            continue;
+        }
+        float *ml = a->span_ml + 2 * part_index(a, tl, h, sp);
+        ml[0] = m[hh], ml[1] = l[hh];
+        if (p0 < p1) memcpy(a->span_out + part_index(a, tl, h, sp) * hd, sums + hh * hd, (size_t)hd * sizeof *sums);
     }
 }
 
-/* One (token, query head): its spans merged into its output. */
+/* One (token, query head): its spans merged in the worker's scratch, then
+ * stored as its output. */
 static void merge_spans(void *ctx, int64_t task, int worker) {
-    (void)worker;
     const attention_job *job = ctx;
     const cpu_attention *a = job->a;
     const int tl = (int)(task / a->n_heads), h = (int)(task % a->n_heads), hd = a->hd;
@@ -146,16 +155,17 @@ static void merge_spans(void *ctx, int64_t task, int worker) {
     float M = -INFINITY;
     for (int sp = 0; sp < job->n_spans; sp++) M = ml[2 * sp] > M ? ml[2 * sp] : M;
     double L = 0;
-    float *out = job->out + (size_t)(job->t0 + tl) * a->n_heads * hd + (size_t)h * hd;
-    memset(out, 0, (size_t)hd * sizeof *out);
+    float *sums = a->scratch + (size_t)worker * a->scratch_floats;
+    memset(sums, 0, (size_t)hd * sizeof *sums);
     for (int sp = 0; sp < job->n_spans; sp++) {
         if (ml[2 * sp + 1] == 0.0f) continue; /* empty */
         const float f = expf(ml[2 * sp] - M);
         L += (double)ml[2 * sp + 1] * f;
-        for (int i = 0; i < hd; i++) out[i] += f * acc[(size_t)sp * hd + i];
+        for (int i = 0; i < hd; i++) sums[i] += f * acc[(size_t)sp * hd + i];
     }
     const float inv = (float)(1.0 / L);
-    for (int i = 0; i < hd; i++) out[i] *= inv;
+    float *out = job->out + (size_t)(job->t0 + tl) * a->n_heads * hd + (size_t)h * hd;
+    for (int i = 0; i < hd; i++) out[i] = sums[i] * inv;
 }
 
 void cpu_attention_run(cpu_attention *a, thread_pool *pool, int l, int pos, int n, const float *q, float *out) {

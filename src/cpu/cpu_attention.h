@@ -34,13 +34,14 @@ typedef struct cpu_attention {
     int n_layers, n_ctx, n_heads, n_kv, hd, kv_dim;
     const quant_format *format; /* the cache's elements: f32 or f16 */
     quant_dot_fn key_dot;       /* the fastest dot of a cached key with a float query */
+    quant_dequantize_fn widen;  /* an f16 value row to floats (NULL for f32) */
     uint8_t *k_cache, *v_cache; /* (n_layers, n_ctx, kv_dim) of `format` */
     int span, max_spans;        /* positions a span; spans of n_ctx */
     int group;                  /* tokens whose spans are held at once */
     float *span_out;            /* (group, n_heads, max_spans, hd): a span's weighted values */
     float *span_ml;             /* (group, n_heads, max_spans, 2): its m and l */
-    float *scores;              /* (workers, G * span) */
-    float *rows;                /* (workers, hd): an f16 value row widened */
+    float *scratch;             /* a worker's: G * span scores, G * hd sums, an f16 value row widened, G m and l */
+    size_t scratch_floats;      /* a worker's, a multiple of a cache line */
 } cpu_attention;
 
 /* For the model of c, n_ctx positions, batches of up to max_batch tokens,

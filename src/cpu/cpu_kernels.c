@@ -104,6 +104,14 @@ quant_dot_fn cpu_dot_kernel(moe_type weight_type) {
     return cpu_dot_kernel_at(weight_type, isa_chosen);
 }
 
+quant_dequantize_fn cpu_f16_to_f32_kernel(void) {
+    pthread_once(&isa_once, isa_init);
+#if defined(__x86_64__)
+    if (isa_chosen >= CPU_ISA_AVX2) return cpu_avx2_f16_to_f32;
+#endif
+    return quant_format_of(MOE_TYPE_F16)->dequantize;
+}
+
 const char *cpu_kernel_isa(void) {
     pthread_once(&isa_once, isa_init);
     return isa_names[isa_chosen];

@@ -32,6 +32,10 @@ typedef enum cpu_isa {
  * supported type; NULL for a type without kernels. */
 quant_dot_fn cpu_dot_kernel(moe_type weight_type);
 
+/* The fastest conversion of n f16 values (any address) to floats at the
+ * chosen level (F16C from AVX2 up): exact, as the F16 format's dequantize. */
+quant_dequantize_fn cpu_f16_to_f32_kernel(void);
+
 /* "avx512", "avx2" or "portable": the level cpu_dot_kernel picks from. */
 const char *cpu_kernel_isa(void);
 

@@ -353,4 +353,11 @@ FLOAT_KERNEL(cpu_avx2_dot_f32, load8_f32, load1_f32, 4)
 FLOAT_KERNEL(cpu_avx2_dot_f16, load8_f16, load1_f16, 2)
 FLOAT_KERNEL(cpu_avx2_dot_bf16, load8_bf16, load1_bf16, 2)
 
+AVX2 void cpu_avx2_f16_to_f32(const void *src, float *dst, int64_t n) {
+    const uint8_t *s = src;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8_f16(s + 2 * i));
+    for (; i < n; i++) dst[i] = load1_f16(s + 2 * i);
+}
+
 #endif

@@ -149,4 +149,8 @@ X86_KERNELS(avx512)
 
 #undef X86_KERNELS
 
+/* n f16 values (any address) to floats with F16C, exactly as
+ * quant_format.dequantize of F16; both levels use it. */
+void cpu_avx2_f16_to_f32(const void *src, float *dst, int64_t n);
+
 #endif
