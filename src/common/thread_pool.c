@@ -4,6 +4,7 @@
 #include "common/clock.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -14,7 +15,8 @@
  * decode step is hundreds of short jobs, and waking a sleeping thread costs
  * tens of microseconds, more than many of the jobs. By the clock, not by
  * rounds: a pause instruction takes 3 to 140 cycles depending on the CPU. */
-#define SPIN_SECONDS 300e-6
+#define SPIN_SECONDS        300e-6
+#define YIELD_AFTER_SECONDS 50e-6
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -24,15 +26,21 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-/* Polls until done(arg) or SPIN_SECONDS have passed; done's last answer. */
+/* Polls until done(arg) or SPIN_SECONDS have passed; done's last answer.
+ * After the first YIELD_AFTER_SECONDS it yields between polls: where
+ * threads outnumber the cores (a server's sessions each have a pool) a
+ * polling thread then gives its core to one with work, while the short
+ * gaps of a decode step never pay for a system call. */
 static bool spin_until(bool (*done)(void *), void *arg) {
-    const double deadline = monotonic_seconds() + SPIN_SECONDS;
+    const double start = monotonic_seconds();
     for (;;) {
         for (int i = 0; i < 64; i++) {
             if (done(arg)) return true;
             cpu_relax();
         }
-        if (monotonic_seconds() > deadline) return done(arg);
+        const double waited = monotonic_seconds() - start;
+        if (waited > SPIN_SECONDS) return done(arg);
+        if (waited > YIELD_AFTER_SECONDS) sched_yield();
     }
 }
 
