@@ -53,5 +53,11 @@ else
   kill -KILL "$pid" 2>/dev/null
 fi
 
+start f16 --cache-type f16
+grep -q "1 slot of 512 positions in an f16 KV cache" f16.err && ok reports_f16_cache || bad "reports_f16_cache ($(head -c 300 f16.err))"
+kill -INT "$pid" 2>/dev/null
+wait "$pid"
+expect_fail bad_cache_type 2 "bad value 'q4' for --cache-type" "$moe" serve -m model.gguf --cache-type q4
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

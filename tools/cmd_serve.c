@@ -158,9 +158,10 @@ static int serve(moe_model *m, serve_args *a) {
     moe_error err = {0};
     if (server_start(&a->server, m, &srv, &err) != MOE_OK) return cli_fail("serve", &err);
     bool v6 = strchr(a->server.host, ':') != NULL; /* an IPv6 address goes in brackets in a URL */
-    fprintf(stderr, "moe serve: listening on http://%s%s%s:%d (model %s, %d slot%s of %d positions, queue %d)\n",
+    fprintf(stderr, "moe serve: listening on http://%s%s%s:%d (model %s, %d slot%s of %d positions%s, queue %d)\n",
             v6 ? "[" : "", a->server.host, v6 ? "]" : "", server_port(srv), a->server.model_name, a->server.parallel,
-            a->server.parallel == 1 ? "" : "s", server_n_ctx(srv), a->server.queue);
+            a->server.parallel == 1 ? "" : "s", server_n_ctx(srv),
+            a->server.session.kv_type == MOE_KV_F16 ? " in an f16 KV cache" : "", a->server.queue);
     int sig = 0;
     sigwait(&stop, &sig);
     fprintf(stderr, "moe serve: %s: draining (up to %.0f s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
