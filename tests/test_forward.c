@@ -5,7 +5,8 @@
  *    float64 forward pass written here from the definitions (dequantized
  *    weights, no batching, no fusion).
  *  - The same with the KV cache in f16, against the float64 pass with its
- *    keys and values rounded to f16 where the cache holds them.
+ *    keys and values rounded to f16 where the cache holds them; and a
+ *    700-token context, whose attention is merged from several spans.
  *  - For every architecture and several weight types: processing a prompt
  *    as one batch gives the logits of processing it one token at a time
  *    (relative 1e-5), and batch boundaries do not matter.
@@ -212,7 +213,7 @@ static float *run_cpu(const model *m, const int32_t *ids, int n, int max_batch, 
     moe_error err = {0};
     size_t vocab = (size_t)m->config.n_vocab;
     float *logits = malloc(n * vocab * sizeof *logits);
-    cpu_state_params p = {.n_ctx = 64, .max_batch = max_batch, .n_threads = 2, .kv_type = kv};
+    cpu_state_params p = {.n_ctx = n > 64 ? n : 64, .max_batch = max_batch, .n_threads = 2, .kv_type = kv};
     CHECKF(cpu_state_new(m, &p, &s, &err) == MOE_OK, "%s", err.message);
     for (int t = 0; t < n; t += one_by_one ? 1 : n)
         CHECK(cpu_forward(s, ids + t, one_by_one ? 1 : n, t, logits + t * vocab, true, &err) == MOE_OK);
@@ -257,6 +258,33 @@ static void check_arch_against_float64(const char *arch, bool mixtral) {
     model_free(m);
 }
 
+/* A context of several attention spans (cpu_attention.c: 256 positions
+ * each), merged: a prompt of 700 tokens in one batch (groups of 16 tokens),
+ * in batches of 100 (a batch starting inside a span) and one by one, each
+ * against the float64 pass. */
+static void test_long_context_matches_float64(void) {
+    enum { N = 700 };
+    model *m = make_model("qwen3moe", false, "f32");
+    if (!m) return;
+    int32_t *ids = malloc(N * sizeof *ids);
+    for (int i = 0; i < N; i++) ids[i] = (int32_t)((i * 7919 + 13) % m->config.n_vocab);
+    double *want = reference_forward(m, ids, N, false);
+    const size_t vocab = (size_t)m->config.n_vocab;
+    const struct {
+        int max_batch;
+        bool one_by_one;
+        const char *how;
+    } ways[] = {{N, false, "one batch"}, {100, false, "batches of 100"}, {N, true, "one by one"}};
+    for (size_t w = 0; w < sizeof ways / sizeof ways[0]; w++) {
+        float *got = run_cpu(m, ids, N, ways[w].max_batch, ways[w].one_by_one, MOE_KV_F32);
+        double e = worst_rel_l2(got, want, N, vocab);
+        CHECKF(e < 1e-5, "%d positions, %s: relative L2 error %.3g", N, ways[w].how, e);
+        free(got);
+    }
+    free(want), free(ids);
+    model_free(m);
+}
+
 static void test_every_arch_matches_float64(void) {
     const char *archs[] = {"qwen3moe", "qwen2moe", "olmoe", "llama", "qwen3", "qwen2"};
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++) check_arch_against_float64(archs[i], false);
@@ -294,6 +322,7 @@ static void test_batched_equals_sequential(void) {
 
 int main(void) {
     RUN(test_every_arch_matches_float64); /* and with an f16 KV cache */
+    RUN(test_long_context_matches_float64);
     RUN(test_batched_equals_sequential);
     return test_summary();
 }
