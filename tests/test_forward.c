@@ -261,7 +261,7 @@ static void check_arch_against_float64(const char *arch, bool mixtral) {
 /* A context of several attention spans (cpu_attention.c: 256 positions
  * each), merged: a prompt of 700 tokens in one batch (groups of 16 tokens),
  * in batches of 100 (a batch starting inside a span) and one by one, each
- * against the float64 pass. */
+ * against the float64 pass; and with an f16 cache. */
 static void test_long_context_matches_float64(void) {
     enum { N = 700 };
     model *m = make_model("qwen3moe", false, "f32");
@@ -281,6 +281,12 @@ static void test_long_context_matches_float64(void) {
         CHECKF(e < 1e-5, "%d positions, %s: relative L2 error %.3g", N, ways[w].how, e);
         free(got);
     }
+    /* the f16 cache's rows widened span by span: as close as the short prompts' */
+    double *want16 = reference_forward(m, ids, N, true);
+    float *got16 = run_cpu(m, ids, N, N, false, MOE_KV_F16);
+    double e16 = worst_rel_l2(got16, want16, N, vocab);
+    CHECKF(e16 < 1e-4, "%d positions, f16 cache: relative L2 error %.3g", N, e16);
+    free(want16), free(got16);
     free(want), free(ids);
     model_free(m);
 }
