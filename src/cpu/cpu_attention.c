@@ -43,8 +43,8 @@ bool cpu_attention_init(cpu_attention *a, const model_config *c, int n_ctx, int 
     /* a worker's scratch on cache lines of its own: sums written by two
      * workers into one line would make them take turns on it */
     const int G = a->n_heads / a->n_kv;
-    a->scratch_floats =
-        line_floats((size_t)G * a->span) + line_floats((size_t)G * a->hd) + line_floats(a->hd) + line_floats(2 * (size_t)G);
+    a->scratch_floats = line_floats((size_t)G * a->span) + line_floats((size_t)G * a->hd) + line_floats(a->hd) +
+                        line_floats(2 * (size_t)G);
     a->scratch = aligned_alloc(64, (size_t)workers * a->scratch_floats * sizeof(float));
     return a->k_cache && a->v_cache && a->span_out && a->span_ml && a->scratch;
 }
