@@ -224,6 +224,44 @@ static void test_env_forces_portable(void) {
         if (quant_is_supported((moe_type)t)) CHECK(cpu_dot_kernel((moe_type)t) == quant_format_of(t)->dot);
 }
 
+/* The multi-row kernels of every level the CPU has: each of CPU_DOT_ROWS
+ * activation rows (at an odd stride) gets the single-row kernel's bits, at
+ * several lengths; a level without one for a type says NULL. */
+static void test_rows_kernels(void) {
+    int found = 0;
+    for (int isa = 0; isa <= (int)cpu_isa_detected(); isa++) {
+        for (uint32_t t = 0; t < MOE_TYPE_COUNT; t++) {
+            const cpu_dot_rows_fn rows = cpu_dot_rows_kernel_at((moe_type)t, (cpu_isa)isa);
+            if (!rows) continue;
+            found++;
+            const quant_format *fmt = quant_format_of(t), *dot = quant_format_of(fmt->dot_type);
+            const int64_t lengths[] = {256, 2048, 4096 + 256};
+            for (size_t k = 0; k < sizeof lengths / sizeof lengths[0]; k++) {
+                const int64_t n = lengths[k];
+                const size_t a_stride = quant_row_bytes(dot->type, n) + 3;
+                test_row w = make_row(fmt, n, &cases[0], 1, 11 + t + k);
+                uint8_t *acts = checked_malloc(CPU_DOT_ROWS * a_stride);
+                float *x = checked_malloc((size_t)n * sizeof *x), got[CPU_DOT_ROWS];
+                for (int r = 0; r < CPU_DOT_ROWS; r++) {
+                    fill_activations(x, n, cases[r % (sizeof cases / sizeof cases[0])].a_kind, 100 + r);
+                    dot->quantize(x, acts + r * a_stride, n);
+                }
+                rows(w.w, acts, a_stride, n, got);
+                const quant_dot_fn single = cpu_dot_kernel_at((moe_type)t, (cpu_isa)isa);
+                for (int r = 0; r < CPU_DOT_ROWS; r++) {
+                    const float want = single(w.w, acts + r * a_stride, n);
+                    CHECKF(memcmp(&got[r], &want, sizeof want) == 0, "%s %s n=%lld row %d: %.9g, one row %.9g",
+                           fmt->name, cpu_isa_name((cpu_isa)isa), (long long)n, r, got[r], want);
+                }
+                free(acts), free(x);
+                free_row(&w);
+            }
+        }
+    }
+    CHECK(cpu_dot_rows_kernel_at(MOE_TYPE_Q4_K, CPU_ISA_PORTABLE) == NULL);
+    if (cpu_isa_detected() >= CPU_ISA_AVX2) CHECK(found >= 3 * (int)cpu_isa_detected()); /* Q4_K, Q5_K, Q6_K a level */
+}
+
 /* Every f16 bit pattern, from an odd address, widened by F16C as by the
  * portable conversion, bit for bit (NaNs quieted alike); the chosen level's
  * widener is the portable one under MOE_CPU_ISA=portable. */
@@ -272,6 +310,7 @@ int main(void) {
     RUN(test_kernel_table);
     RUN(test_env_forces_portable);
     RUN(test_f16_widening);
+    RUN(test_rows_kernels);
     RUN(test_level_portable);
     if (top >= CPU_ISA_AVX2)
         RUN(test_level_avx2);

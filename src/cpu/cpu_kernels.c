@@ -39,6 +39,18 @@ static const quant_dot_fn level_kernels[CPU_ISA_COUNT][MOE_TYPE_COUNT] = {
     [CPU_ISA_AVX512] = X86_TABLE(avx512),
 };
 
+/* The multi-row kernels, where a level has them for a type. */
+#define X86_ROWS_TABLE(isa)                                                                                            \
+    {                                                                                                                  \
+        [MOE_TYPE_Q4_K] = cpu_##isa##_dot_rows_q4_k, [MOE_TYPE_Q5_K] = cpu_##isa##_dot_rows_q5_k,                      \
+        [MOE_TYPE_Q6_K] = cpu_##isa##_dot_rows_q6_k,                                                                   \
+    }
+
+static const cpu_dot_rows_fn level_rows_kernels[CPU_ISA_COUNT][MOE_TYPE_COUNT] = {
+    [CPU_ISA_AVX2] = X86_ROWS_TABLE(avx2),
+    [CPU_ISA_AVX512] = X86_ROWS_TABLE(avx512),
+};
+
 /* F16C has no __builtin_cpu_supports name in every compiler (clang 14 lacks
  * it), so ask CPUID directly. Its registers are the AVX ones, whose OS
  * support the avx2 check already covers. */
@@ -58,6 +70,7 @@ static cpu_isa detect(void) {
 }
 #else
 static const quant_dot_fn level_kernels[CPU_ISA_COUNT][MOE_TYPE_COUNT];
+static const cpu_dot_rows_fn level_rows_kernels[CPU_ISA_COUNT][MOE_TYPE_COUNT];
 
 static cpu_isa detect(void) { return CPU_ISA_PORTABLE; }
 #endif
@@ -102,6 +115,19 @@ quant_dot_fn cpu_dot_kernel_at(moe_type weight_type, cpu_isa isa) {
 quant_dot_fn cpu_dot_kernel(moe_type weight_type) {
     pthread_once(&isa_once, isa_init);
     return cpu_dot_kernel_at(weight_type, isa_chosen);
+}
+
+/* Only a level's own: a lower level's multi-row kernel would not match
+ * this level's single-row one bit for bit. */
+cpu_dot_rows_fn cpu_dot_rows_kernel_at(moe_type weight_type, cpu_isa isa) {
+    if ((unsigned)weight_type >= MOE_TYPE_COUNT || (unsigned)isa >= CPU_ISA_COUNT || isa > cpu_isa_detected())
+        return NULL;
+    return level_rows_kernels[isa][weight_type];
+}
+
+cpu_dot_rows_fn cpu_dot_rows_kernel(moe_type weight_type) {
+    pthread_once(&isa_once, isa_init);
+    return cpu_dot_rows_kernel_at(weight_type, isa_chosen);
 }
 
 quant_dequantize_fn cpu_f16_to_f32_kernel(void) {

@@ -32,6 +32,19 @@ typedef enum cpu_isa {
  * supported type; NULL for a type without kernels. */
 quant_dot_fn cpu_dot_kernel(moe_type weight_type);
 
+/* Several activation rows against one weight row, the weights decoded once
+ * for all: out[r] = the level's dot of the weights with the activations at
+ * activations + r * a_stride bytes, for r < CPU_DOT_ROWS, bit for bit what
+ * the single-row kernel gives (a batch's products use it: every row of a
+ * prompt's tokens gets the same sums as one token alone). */
+enum { CPU_DOT_ROWS = 4 };
+typedef void (*cpu_dot_rows_fn)(const void *weights, const void *activations, size_t a_stride, int64_t n, float *out);
+
+/* The multi-row kernel of the type at the chosen level, or at `isa`; NULL
+ * where the level has none (then the single-row kernel does each row). */
+cpu_dot_rows_fn cpu_dot_rows_kernel(moe_type weight_type);
+cpu_dot_rows_fn cpu_dot_rows_kernel_at(moe_type weight_type, cpu_isa isa);
+
 /* The fastest conversion of n f16 values (any address) to floats at the
  * chosen level (F16C from AVX2 up): exact, as the F16 format's dequantize. */
 quant_dequantize_fn cpu_f16_to_f32_kernel(void);

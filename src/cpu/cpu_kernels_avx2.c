@@ -20,6 +20,7 @@
  * Results equal the portable kernels' up to the order of float additions;
  * tests/test_cpu_kernels.c measures the difference.
  */
+#include "cpu/cpu_kernels.h"
 #include "cpu/cpu_kernels_x86.h"
 
 #if defined(__x86_64__)
@@ -313,6 +314,11 @@ AVX2_INLINE __m256 q6_k_block(const block_q6_k *w, const block_q8_k *a, __m256 a
 SUPER_KERNEL(cpu_avx2_dot_q4_k, q4_k_block, block_q4_k)
 SUPER_KERNEL(cpu_avx2_dot_q5_k, q5_k_block, block_q5_k)
 SUPER_KERNEL(cpu_avx2_dot_q6_k, q6_k_block, block_q6_k)
+
+/* Their multi-row twins (cpu_kernels_x86.h). */
+X86_SUPER_ROWS_KERNEL(AVX2, __m256, _mm256_setzero_ps(), hsum, cpu_avx2_dot_rows_q4_k, q4_k_block, block_q4_k)
+X86_SUPER_ROWS_KERNEL(AVX2, __m256, _mm256_setzero_ps(), hsum, cpu_avx2_dot_rows_q5_k, q5_k_block, block_q5_k)
+X86_SUPER_ROWS_KERNEL(AVX2, __m256, _mm256_setzero_ps(), hsum, cpu_avx2_dot_rows_q6_k, q6_k_block, block_q6_k)
 
 /* ---------------------------------------------------------------- floats */
 

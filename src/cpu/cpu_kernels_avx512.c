@@ -18,6 +18,7 @@
  *   scales apply per 16 or 32 weights, which int16 pairs suit) and fold the
  *   scale multiply into the int32 sum with _mm512_dpwssd_epi32.
  */
+#include "cpu/cpu_kernels.h"
 #include "cpu/cpu_kernels_x86.h"
 
 #if defined(__x86_64__)
@@ -279,6 +280,14 @@ AVX512_INLINE __m512 q6_k_block(const block_q6_k *w, const block_q8_k *a, __m512
 SUPER_KERNEL(cpu_avx512_dot_q4_k, q4_k_block, block_q4_k)
 SUPER_KERNEL(cpu_avx512_dot_q5_k, q5_k_block, block_q5_k)
 SUPER_KERNEL(cpu_avx512_dot_q6_k, q6_k_block, block_q6_k)
+
+/* Their multi-row twins (cpu_kernels_x86.h). */
+X86_SUPER_ROWS_KERNEL(AVX512, __m512, _mm512_setzero_ps(), _mm512_reduce_add_ps, cpu_avx512_dot_rows_q4_k, q4_k_block,
+                      block_q4_k)
+X86_SUPER_ROWS_KERNEL(AVX512, __m512, _mm512_setzero_ps(), _mm512_reduce_add_ps, cpu_avx512_dot_rows_q5_k, q5_k_block,
+                      block_q5_k)
+X86_SUPER_ROWS_KERNEL(AVX512, __m512, _mm512_setzero_ps(), _mm512_reduce_add_ps, cpu_avx512_dot_rows_q6_k, q6_k_block,
+                      block_q6_k)
 
 /* ---------------------------------------------------------------- floats */
 

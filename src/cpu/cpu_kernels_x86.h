@@ -98,6 +98,31 @@ X86_AVX2_INLINE __m128 x86_load4_fp16(const uint8_t *p0, const uint8_t *p1, cons
         return reduce2(acc[0], acc[1]);                                                                                \
     }
 
+/* A multi-row kernel (cpu_dot_rows_fn) over super-blocks for either level:
+ * block_fn(w, a, acc) once a row with the same super-block, whose decoding
+ * (codes, scales) depends on the weights alone, so the compiler computes it
+ * once for all rows; each row's accumulator takes the single-row kernel's
+ * steps, so its sum is that kernel's bit for bit. `reduce` sums a vector's
+ * lanes as the single-row kernel does. */
+#define X86_SUPER_ROWS_KERNEL(attr, vec, zero, reduce, name, block_fn, w_type)                                         \
+    attr void name(const void *weights, const void *activations, size_t a_stride, int64_t n, float *out) {            \
+        const w_type *w = weights;                                                                                     \
+        const block_q8_k *a[CPU_DOT_ROWS];                                                                             \
+        vec acc[CPU_DOT_ROWS];                                                                                         \
+        UNROLL                                                                                                         \
+        for (int r = 0; r < CPU_DOT_ROWS; r++)                                                                         \
+            a[r] = (const block_q8_k *)((const uint8_t *)activations + r * a_stride), acc[r] = zero;                   \
+        for (int64_t i = 0; i < n / QK_K; i++) {                                                                       \
+            x86_prefetch(&w[i], sizeof *w);                                                                            \
+            UNROLL                                                                                                     \
+            for (int r = 0; r < CPU_DOT_ROWS; r++)                                                                     \
+                acc[r] = block_fn(&w[i], &a[r][i], acc[r]);                                                            \
+        }                                                                                                              \
+        UNROLL                                                                                                         \
+        for (int r = 0; r < CPU_DOT_ROWS; r++)                                                                         \
+            out[r] = reduce(acc[r]);                                                                                   \
+    }
+
 /* MXFP4's E8M0 scale halved, 2^(e - 128), for four consecutive blocks, to go
  * with the doubled values (mxfp4.c explains why). Built from its bits:
  * (e - 1) << 23, or the subnormal 0x00200000 << e for e < 2. */
@@ -148,6 +173,17 @@ X86_KERNELS(avx2)
 X86_KERNELS(avx512)
 
 #undef X86_KERNELS
+
+/* The multi-row kernels (cpu_dot_rows_fn) of the super-block formats. */
+#define X86_ROWS_KERNELS(isa)                                                                                          \
+    void cpu_##isa##_dot_rows_q4_k(const void *w, const void *x, size_t x_stride, int64_t n, float *out);              \
+    void cpu_##isa##_dot_rows_q5_k(const void *w, const void *x, size_t x_stride, int64_t n, float *out);              \
+    void cpu_##isa##_dot_rows_q6_k(const void *w, const void *x, size_t x_stride, int64_t n, float *out);
+
+X86_ROWS_KERNELS(avx2)
+X86_ROWS_KERNELS(avx512)
+
+#undef X86_ROWS_KERNELS
 
 /* n f16 values (any address) to floats with F16C, exactly as
  * quant_format.dequantize of F16; both levels use it. */

@@ -54,20 +54,29 @@ typedef struct matmul_job {
     float *y;
     int64_t y_stride;
     quant_dot_fn dot;
+    cpu_dot_rows_fn dot_rows; /* or NULL */
 } matmul_job;
 
 static void matmul_rows(void *ctx, int64_t task, int worker) {
     const matmul_job *job = ctx;
+    const int64_t n = job->x->n_rows;
+    const size_t x_bytes = job->x->row_bytes;
     int64_t r0 = task * ROWS_PER_TASK, r1 = r0 + ROWS_PER_TASK;
     if (r1 > job->w->rows) r1 = job->w->rows;
     for (int64_t r = r0; r < r1; r++) {
         const uint8_t *row = job->w->data + (size_t)r * job->w->row_bytes;
-        for (int64_t t = 0; t < job->x->n_rows; t++)
-            job->y[t * job->y_stride + r] = job->dot(row, job->x->data + t * job->x->row_bytes, job->w->cols);
+        int64_t t = 0;
+        for (float out[CPU_DOT_ROWS]; job->dot_rows && t + CPU_DOT_ROWS <= n; t += CPU_DOT_ROWS) {
+            job->dot_rows(row, job->x->data + t * x_bytes, x_bytes, job->w->cols, out);
+            for (int k = 0; k < CPU_DOT_ROWS; k++)
+                job->y[(t + k) * job->y_stride + r] = out[k];
+        }
+        for (; t < n; t++)
+            job->y[t * job->y_stride + r] = job->dot(row, job->x->data + t * x_bytes, job->w->cols);
     }
 }
 
 void cpu_matmul(thread_pool *pool, const matrix *w, const quantized_rows *x, float *y, int64_t y_stride) {
-    matmul_job job = {w, x, y, y_stride, cpu_dot_kernel(w->type)};
+    matmul_job job = {w, x, y, y_stride, cpu_dot_kernel(w->type), cpu_dot_rows_kernel(w->type)};
     thread_pool_run(pool, (w->rows + ROWS_PER_TASK - 1) / ROWS_PER_TASK, matmul_rows, &job);
 }
