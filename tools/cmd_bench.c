@@ -494,7 +494,8 @@ static int bench_cpu(const model *m, const bench_args *a, report *r, const int32
     int batch = a->depth < 512 ? a->depth : 512; /* the depth fill's batch, unless the prompt's is larger */
     if (a->p > batch) batch = a->p;
     cpu_state *s = NULL;
-    cpu_state_params p = {.n_ctx = n_ctx, .max_batch = batch > 0 ? batch : 1, .n_threads = a->threads, .kv_type = a->kv_type};
+    cpu_state_params p = {
+        .n_ctx = n_ctx, .max_batch = batch > 0 ? batch : 1, .n_threads = a->threads, .kv_type = a->kv_type};
     if (cpu_state_new(m, &p, &s, &err) != MOE_OK) return cli_fail("bench", &err);
     snprintf(r->backend, sizeof r->backend, a->kv_type == MOE_KV_F16 ? "CPU (f16 KV)" : "CPU");
     float *logits = malloc((size_t)vocab * sizeof *logits);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu/cpu_kernels.h"
+#include "cpu/cpu_ops.h"
 
 /* Spans are at least this many positions, and a context has at most
  * SPANS_MAX of them (a longer span instead): enough tasks to spread one
@@ -85,17 +86,6 @@ static size_t part_index(const cpu_attention *a, int tl, int h, int sp) {
     return ((size_t)tl * a->n_heads + h) * a->max_spans + sp;
 }
 
-/* A head's len scores of a span, exponentiated against their largest, m,
- * and summed into l (in double, as cpu_softmax). */
-static void span_softmax(float *scores, int len, float *m, float *l) {
-    float max = -INFINITY;
-    for (int p = 0; p < len; p++) max = scores[p] > max ? scores[p] : max;
-    double sum = 0;
-    for (int p = 0; p < len; p++) sum += scores[p] = expf(scores[p] - max);
-    *m = max;
-    *l = (float)sum;
-}
-
 /* One (token, KV head, span): the G query heads' partial results over the
  * span's positions, summed in the worker's scratch and then stored: into
  * the output (divided by l) when the context is one span, else for the
@@ -119,7 +109,7 @@ static void attend_span(void *ctx, int64_t task, int worker) {
             const uint8_t *key = cache_row(a, a->k_cache, job->layer, p) + head_off;
             for (int hh = 0; hh < G; hh++) scores[hh * span + p - p0] = a->key_dot(key, q + hh * hd, hd) * scale;
         }
-        for (int hh = 0; hh < G; hh++) span_softmax(scores + hh * span, p1 - p0, &m[hh], &l[hh]);
+        for (int hh = 0; hh < G; hh++) l[hh] = (float)cpu_softmax_unnormalised(scores + hh * span, p1 - p0, &m[hh]);
         memset(sums, 0, (size_t)G * hd * sizeof *sums);
         for (int p = p0; p < p1; p++) {
             const uint8_t *cached = cache_row(a, a->v_cache, job->layer, p) + head_off;

@@ -35,15 +35,22 @@ void cpu_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float bas
     }
 }
 
-void cpu_softmax(float *x, int64_t n) {
-    float max = -INFINITY;
+double cpu_softmax_unnormalised(float *x, int64_t n, float *max) {
+    float m = -INFINITY;
     for (int64_t i = 0; i < n; i++)
-        if (x[i] > max) max = x[i];
+        if (x[i] > m) m = x[i];
     double sum = 0;
     for (int64_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - max);
+        x[i] = expf(x[i] - m);
         sum += x[i];
     }
+    *max = m;
+    return sum;
+}
+
+void cpu_softmax(float *x, int64_t n) {
+    float max;
+    const double sum = cpu_softmax_unnormalised(x, n, &max);
     float inv = (float)(1.0 / sum);
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }

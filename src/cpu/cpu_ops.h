@@ -25,6 +25,11 @@ void cpu_rope(float *x, int n_heads, int head_dim, int n_rot, int pos, float bas
 /* In place: x = softmax(x). */
 void cpu_softmax(float *x, int64_t n);
 
+/* Softmax without its division, in place: x[i] = e^(x[i] - max), the
+ * largest x to *max, and the sum of the exponentials (in double) returned.
+ * A partial softmax, to be merged with others (the attention's spans). */
+double cpu_softmax_unnormalised(float *x, int64_t n, float *max);
+
 /* out[i] = silu(gate[i]) * up[i]. */
 void cpu_swiglu(float *out, const float *gate, const float *up, int64_t n);
 

@@ -153,14 +153,14 @@ __device__ __forceinline__ void load_kv(const uint16_t *p, float *v, bool mine) 
     } else if (DPL == 1) {
         v[0] = h2f(*p);
     } else if (DPL == 2) {
-        const unsigned t = *(const unsigned *)p;
-        v[0] = h2f((uint16_t)t), v[1] = h2f((uint16_t)(t >> 16));
+        const float2 f = h2f2(*(const unsigned *)p);
+        v[0] = f.x, v[1] = f.y;
     } else {
 #pragma unroll
         for (int i = 0; i < DPL; i += 4) {
             const uint2 t = *(const uint2 *)(p + i);
-            v[i] = h2f((uint16_t)t.x), v[i + 1] = h2f((uint16_t)(t.x >> 16));
-            v[i + 2] = h2f((uint16_t)t.y), v[i + 3] = h2f((uint16_t)(t.y >> 16));
+            const float2 lo = h2f2(t.x), hi = h2f2(t.y);
+            v[i] = lo.x, v[i + 1] = lo.y, v[i + 2] = hi.x, v[i + 3] = hi.y;
         }
     }
 }

@@ -294,6 +294,11 @@ __device__ __forceinline__ void mma_bf16_m16n8k16(float c[4], const unsigned a[4
 
 #define FULL_MASK 0xffffffffu
 
+/* The two fp16 values of a 32-bit word, the low one first. */
+static __device__ __forceinline__ float2 h2f2(unsigned bits) {
+    return make_float2(h2f((uint16_t)bits), h2f((uint16_t)(bits >> 16)));
+}
+
 /* Where a format's load() reads a unit's bytes: the weights in global
  * memory (ldg16), or a copy of them in shared memory (gemv_kernel's rows
  * streamed in by bulk copies), which the non-coherent global loads cannot

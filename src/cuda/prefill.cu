@@ -237,7 +237,8 @@ static __device__ float cache_get(const void *cache, int64_t i, bool f16) {
 static __device__ float4 cache_get4(const void *cache, int64_t i, bool f16) {
     if (!f16) return *(const float4 *)((const float *)cache + i);
     const uint2 t = *(const uint2 *)((const uint16_t *)cache + i);
-    const float4 v = {h2f((uint16_t)t.x), h2f((uint16_t)(t.x >> 16)), h2f((uint16_t)t.y), h2f((uint16_t)(t.y >> 16))};
+    const float2 lo = h2f2(t.x), hi = h2f2(t.y);
+    const float4 v = {lo.x, lo.y, hi.x, hi.y};
     return v;
 }
 
