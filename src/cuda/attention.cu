@@ -67,7 +67,11 @@
  * CPU's f16 cache does (cpu/cpu.h): the GPU sees the CPU's numbers either
  * way. The kernels are instances per cache element
  * (float, or uint16_t holding f16 bits), not one with a run-time switch:
- * their registers are at the limit (see head blocks below).
+ * their registers are at the limit (see head blocks below). An f16 batch
+ * holds the cache's bits, two dims a register, widened where they are
+ * used (kv_row): in the per-head way it takes twice the positions of an
+ * f32 batch in the same registers, so a warp's chain of batches is half
+ * as long (attn_shape).
  */
 #include "cuda/kernels.cuh"
 
@@ -90,14 +94,30 @@ __host__ __device__ constexpr int attn_heads_per_warp(int dpl, int G) {
 }
 __host__ __device__ static inline int attn_warps_per_group(int G, int hp) { return ATTN_WARPS / (G / hp); }
 
-/* Dimensions per lane and heads per warp -> positions whose loads are in
- * flight together: their keys and values in 2 x 32 registers, 2 x 16
- * where a warp has several heads (their outputs and scores need the rest;
- * more spilled). */
-template <int DPL, int HP>
+/* Registers a lane's DPL dims of one cached row take in a batch: one a
+ * dim in f32, one a pair of dims in f16 (kv_row). */
+__host__ __device__ constexpr int kv_row_regs(int dpl, bool f16) { return f16 ? (dpl + 1) / 2 : dpl; }
+
+/* Positions a batch of one head a warp holds (attn_shape's, for the
+ * host): their keys and values in 2 x 32 registers, so a wide batch of an
+ * f16 cache holds twice the positions of an f32 one. */
+__host__ __device__ constexpr int attn_per_head_batch(int dpl, bool wide_f16) {
+    return 32 / kv_row_regs(dpl, wide_f16);
+}
+
+/* Cache element, dimensions per lane and heads per warp -> positions
+ * whose loads are in flight together: their keys and values in 2 x 32
+ * registers, 2 x 16 where a warp has several heads (their outputs and
+ * scores need the rest; more spilled). WIDE (the per-head way): an f16
+ * cache's batch takes as many positions as its registers hold, twice an
+ * f32 batch's, so a warp's chain of batches is half as long. Head blocks
+ * keep f32's batch: at their short contexts a batch twice as long on
+ * half the warps was 2.3% slower (decode-plan fact 85); several heads a
+ * warp too: twice the positions spilled at 256-dim heads. */
+template <class KV, int DPL, int HP, bool WIDE = false>
 struct attn_shape {
-    static constexpr int KV_REGS = HP == 1 ? 32 : 16;
-    static constexpr int BATCH = 32 / HP < KV_REGS / DPL ? 32 / HP : KV_REGS / DPL;
+    static constexpr int KV_REGS = HP == 1 ? 32 : 16, ROW_REGS = kv_row_regs(DPL, WIDE && sizeof(KV) == 2);
+    static constexpr int BATCH = 32 / HP < KV_REGS / ROW_REGS ? 32 / HP : KV_REGS / ROW_REGS;
     /* the first batch loaded before the wait; 256-dim heads would spill */
     static constexpr bool PRELOAD = DPL <= 4;
 };
@@ -139,31 +159,68 @@ __device__ __forceinline__ void store_dims(float *p, const float *v, bool mine) 
     for (int i = 0; i < DPL; i++) p[i] = v[i];
 }
 
-/* A lane's DPL dims of a cache row: f32 as they are, f16 widened. */
-template <int DPL>
-__device__ __forceinline__ void load_kv(const float *p, float *v, bool mine) {
-    load_dims<DPL>(p, v, mine);
-}
+/* A lane's DPL dims of one cached row as a batch holds them (load, or
+ * set from the new position's floats) and hands them to the arithmetic
+ * (widen): f32 as they are; f16 as the cache's bits, two a register, so
+ * that a batch holds twice the positions (attn_shape). */
+template <class KV, int DPL>
+struct kv_row;
 
 template <int DPL>
-__device__ __forceinline__ void load_kv(const uint16_t *p, float *v, bool mine) {
-    if (!mine) {
+struct kv_row<float, DPL> {
+    float d[DPL];
+    __device__ __forceinline__ void load(const float *p, bool mine) { load_dims<DPL>(p, d, mine); }
+    __device__ __forceinline__ void set(const float *v) {
 #pragma unroll
-        for (int i = 0; i < DPL; i++) v[i] = 0.0f;
-    } else if (DPL == 1) {
-        v[0] = h2f(*p);
-    } else if (DPL == 2) {
-        const float2 f = h2f2(*(const unsigned *)p);
-        v[0] = f.x, v[1] = f.y;
-    } else {
+        for (int i = 0; i < DPL; i++) d[i] = v[i];
+    }
+    __device__ __forceinline__ void widen(float *v) const {
 #pragma unroll
-        for (int i = 0; i < DPL; i += 4) {
-            const uint2 t = *(const uint2 *)(p + i);
-            const float2 lo = h2f2(t.x), hi = h2f2(t.y);
-            v[i] = lo.x, v[i + 1] = lo.y, v[i + 2] = hi.x, v[i + 3] = hi.y;
+        for (int i = 0; i < DPL; i++) v[i] = d[i];
+    }
+};
+
+template <int DPL>
+struct kv_row<uint16_t, DPL> {
+    static constexpr int REGS = kv_row_regs(DPL, true);
+    unsigned w[REGS];
+    __device__ __forceinline__ void load(const uint16_t *p, bool mine) {
+        if (!mine) {
+#pragma unroll
+            for (int i = 0; i < REGS; i++) w[i] = 0; /* +0 in f16 */
+        } else if (DPL == 1) {
+            w[0] = *p;
+        } else if (DPL == 2) {
+            w[0] = *(const unsigned *)p;
+        } else {
+#pragma unroll
+            for (int i = 0; i < REGS; i += 2) {
+                const uint2 t = *(const uint2 *)(p + 2 * i);
+                w[i] = t.x, w[i + 1] = t.y;
+            }
         }
     }
-}
+    /* v holds f16 values already (round_to_cache), so the bits are exact */
+    __device__ __forceinline__ void set(const float *v) {
+        if constexpr (DPL == 1) {
+            w[0] = f2h(v[0]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < REGS; i++) w[i] = f2h(v[2 * i]) | (unsigned)f2h(v[2 * i + 1]) << 16;
+        }
+    }
+    __device__ __forceinline__ void widen(float *v) const {
+        if constexpr (DPL == 1) {
+            v[0] = h2f((uint16_t)w[0]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < REGS; i++) {
+                const float2 f = h2f2(w[i]);
+                v[2 * i] = f.x, v[2 * i + 1] = f.y;
+            }
+        }
+    }
+};
 
 template <int DPL>
 __device__ __forceinline__ void store_kv(float *p, const float *v, bool mine) {
@@ -298,40 +355,40 @@ __device__ __forceinline__ void prepare(const attn_args &a, const head_consts<DP
 }
 
 /* The keys and values of B consecutive positions, a lane's dims of each. */
-template <int DPL, int HP>
+template <class KV, int DPL, int HP, bool WIDE>
 struct kv_batch {
-    static constexpr int B = attn_shape<DPL, HP>::BATCH;
-    float k[B][DPL], v[B][DPL];
+    static constexpr int B = attn_shape<KV, DPL, HP, WIDE>::BATCH;
+    kv_row<KV, DPL> k[B], v[B];
 };
 
 /* Positions p0, p0 + 1, ... of a batch from the cache, all loads issued
  * together; the new position (not cached yet) and those past the end get
  * zeros (put_new fills the new one in once it is made). */
-template <class KV, int DPL, int HP>
-__device__ __forceinline__ void load_cached(const attn_args &a, int g, int pos, int p0, int end, kv_batch<DPL, HP> &b) {
+template <class KV, int DPL, int HP, bool WIDE>
+__device__ __forceinline__ void load_cached(const attn_args &a, int g, int pos, int p0, int end,
+                                            kv_batch<KV, DPL, HP, WIDE> &b) {
     const int kv_dim = a.n_kv * a.hd, d0 = (threadIdx.x & 31) * DPL;
     const bool mine = d0 < a.hd;
     const KV *k_cache = (const KV *)a.k_cache + g * a.hd + d0, *v_cache = (const KV *)a.v_cache + g * a.hd + d0;
 #pragma unroll
-    for (int j = 0; j < kv_batch<DPL, HP>::B; j++) {
+    for (int j = 0; j < kv_batch<KV, DPL, HP, WIDE>::B; j++) {
         const int p = p0 + j;
         const bool cached = p < end && p != pos;
-        load_kv<DPL>(k_cache + (int64_t)p * kv_dim, b.k[j], mine && cached);
-        load_kv<DPL>(v_cache + (int64_t)p * kv_dim, b.v[j], mine && cached);
+        b.k[j].load(k_cache + (int64_t)p * kv_dim, mine && cached);
+        b.v[j].load(v_cache + (int64_t)p * kv_dim, mine && cached);
     }
 }
 
 /* The new position's key and value into the batch that holds it (one
  * batch of the launch: a uniform branch for the others). */
-template <int DPL, int HP>
-__device__ __forceinline__ void put_new(kv_batch<DPL, HP> &b, int p0, int pos, const float *k_new, const float *v_new) {
-    constexpr int B = kv_batch<DPL, HP>::B;
+template <class KV, int DPL, int HP, bool WIDE>
+__device__ __forceinline__ void put_new(kv_batch<KV, DPL, HP, WIDE> &b, int p0, int pos, const float *k_new,
+                                        const float *v_new) {
+    constexpr int B = kv_batch<KV, DPL, HP, WIDE>::B;
     if (pos < p0 || pos >= p0 + B) return;
 #pragma unroll
     for (int j = 0; j < B; j++)
-        if (p0 + j == pos)
-#pragma unroll
-            for (int i = 0; i < DPL; i++) b.k[j][i] = k_new[i], b.v[j][i] = v_new[i];
+        if (p0 + j == pos) b.k[j].set(k_new), b.v[j].set(v_new);
 }
 
 /* N sums over the warp at once (N a power of two <= 32), scattered: each
@@ -400,10 +457,10 @@ struct query_in_smem {
  * together, lane L holding score (L >> S) = hh * B + j (head hh, position
  * p0 + j), so each lane takes one exponential; a head's maximum and sum
  * are reduced over the lanes of its B positions. */
-template <int DPL, int HP, class Q>
-__device__ __forceinline__ void attend_batch(const kv_batch<DPL, HP> &b, int p0, int end, const Q &query, float scale,
-                                             softmax_state<DPL, HP> &st) {
-    constexpr int B = kv_batch<DPL, HP>::B, N = HP * B, S = scatter_shift(N);
+template <class KV, int DPL, int HP, bool WIDE, class Q>
+__device__ __forceinline__ void attend_batch(const kv_batch<KV, DPL, HP, WIDE> &b, int p0, int end, const Q &query,
+                                             float scale, softmax_state<DPL, HP> &st) {
+    constexpr int B = kv_batch<KV, DPL, HP, WIDE>::B, N = HP * B, S = scatter_shift(N);
     const int lane = threadIdx.x & 31;
     float dot[N];
 #pragma unroll
@@ -412,9 +469,10 @@ __device__ __forceinline__ void attend_batch(const kv_batch<DPL, HP> &b, int p0,
         query.head(hh, q);
 #pragma unroll
         for (int j = 0; j < B; j++) {
-            float d = 0.0f;
+            float k[DPL], d = 0.0f;
+            b.k[j].widen(k);
 #pragma unroll
-            for (int i = 0; i < DPL; i++) d += q[i] * b.k[j][i];
+            for (int i = 0; i < DPL; i++) d += q[i] * k[i];
             dot[hh * B + j] = d;
         }
     }
@@ -440,8 +498,10 @@ __device__ __forceinline__ void attend_batch(const kv_batch<DPL, HP> &b, int p0,
 #pragma unroll
         for (int j = 0; j < B; j++) {
             const float e_j = __shfl_sync(FULL_MASK, e, (hh * B + j) << S);
+            float v[DPL];
+            b.v[j].widen(v);
 #pragma unroll
-            for (int i = 0; i < DPL; i++) st.acc[hh][i] += e_j * b.v[j][i];
+            for (int i = 0; i < DPL; i++) st.acc[hh][i] += e_j * v[i];
         }
     }
 }
@@ -450,16 +510,16 @@ __device__ __forceinline__ void attend_batch(const kv_batch<DPL, HP> &b, int p0,
  * the first batch (`b`) was loaded before the launch's wait. One copy of
  * the batch's code serves every batch (code size, see the top of this
  * file). */
-template <class KV, int DPL, int HP, class Q>
+template <class KV, int DPL, int HP, bool WIDE, class Q>
 __device__ __forceinline__ void attend(const attn_args &a, int g, int pos, int p0, int end, int step, const Q &query,
-                                       const float *k_new, const float *v_new, kv_batch<DPL, HP> &b,
+                                       const float *k_new, const float *v_new, kv_batch<KV, DPL, HP, WIDE> &b,
                                        softmax_state<DPL, HP> &st) {
     const float scale = 1.0f / sqrtf((float)a.hd);
 #pragma unroll 1
     while (p0 < end) {
-        put_new<DPL, HP>(b, p0, pos, k_new, v_new);
-        attend_batch<DPL, HP>(b, p0, end, query, scale, st);
-        if ((p0 += step) < end) load_cached<KV, DPL, HP>(a, g, pos, p0, end, b);
+        put_new(b, p0, pos, k_new, v_new);
+        attend_batch(b, p0, end, query, scale, st);
+        if ((p0 += step) < end) load_cached(a, g, pos, p0, end, b);
     }
 }
 
@@ -507,10 +567,10 @@ __device__ __forceinline__ void append_kv(const attn_args &a, int g, int pos, co
 /* A warp leaves its state in shared memory: outputs slots[w][head] (hd
  * floats each), (m, l) in ml[w][head], head = hg * HP + hh of the block's
  * Gb. */
-template <int DPL, int HP>
+template <int DPL, int HP, int B>
 __device__ __forceinline__ void leave_state(const softmax_state<DPL, HP> &st, float *slots, float2 *ml, int Gb, int hg,
                                             int w, int hd) {
-    constexpr int B = attn_shape<DPL, HP>::BATCH, S = scatter_shift(HP * B);
+    constexpr int S = scatter_shift(HP * B);
     const int lane = threadIdx.x & 31, d0 = lane * DPL;
 #pragma unroll
     for (int hh = 0; hh < HP; hh++) store_dims<DPL>(slots + (w * Gb + hg * HP + hh) * hd + d0, st.acc[hh], d0 < hd);
@@ -656,8 +716,9 @@ static int head_block_smem_floats(int hd) { return attn_warps_per_head(1) * (hd 
  * % Gb, and every W-th batch of the block's range from w. */
 template <class KV, int DPL, int GB>
 __device__ __forceinline__ void attention_per_head(const attn_args &a, float *smem, int *flag, int pos) {
-    constexpr int B = attn_shape<DPL, 1>::BATCH;
-    constexpr bool HEAD_BLOCKS = GB > 0;
+    constexpr bool HEAD_BLOCKS = GB > 0, WIDE = !HEAD_BLOCKS;
+    constexpr int B = attn_shape<KV, DPL, 1, WIDE>::BATCH;
+    static_assert(B == attn_per_head_batch(DPL, WIDE && sizeof(KV) == 2), "the host's switch points count these");
     const int G = a.n_heads / a.n_kv, Gb = HEAD_BLOCKS ? GB : G, W = attn_warps_per_head(Gb), hd = a.hd;
     const int g = HEAD_BLOCKS ? blockIdx.x / (G / GB) : blockIdx.x, split = blockIdx.y;
     const int h0 = HEAD_BLOCKS ? blockIdx.x % (G / GB) * GB : 0;
@@ -667,9 +728,9 @@ __device__ __forceinline__ void attention_per_head(const attn_args &a, float *sm
     int start, end;
     const int n_active = split_range(a, pos + 1, W * B, start, end);
     /* Each warp's first batch in registers, the rest of the range into L2. */
-    constexpr bool preload = attn_shape<DPL, 1>::PRELOAD;
-    kv_batch<DPL, 1> first;
-    if constexpr (preload) load_cached<KV, DPL, 1>(a, g, pos, start + w * B, end, first);
+    constexpr bool preload = attn_shape<KV, DPL, 1, WIDE>::PRELOAD;
+    kv_batch<KV, DPL, 1, WIDE> first;
+    if constexpr (preload) load_cached(a, g, pos, start + w * B, end, first);
     prefetch_range<KV>(a, g, preload ? start + W * B : start, end);
     head_consts<DPL> hc; /* the norms' weights and the rotation */
     if (start < end) load_head_consts<DPL>(a, g, h, pos, hc);
@@ -684,14 +745,14 @@ __device__ __forceinline__ void attention_per_head(const attn_args &a, float *sm
     round_to_cache<KV, DPL>(k);
     round_to_cache<KV, DPL>(v);
     trace_mark(a.trace, TRACE_STAGED);
-    if constexpr (!preload) load_cached<KV, DPL, 1>(a, g, pos, start + w * B, end, first);
+    if constexpr (!preload) load_cached(a, g, pos, start + w * B, end, first);
     if (warp == 0 && h == 0 && pos >= start && pos < end) append_kv<KV, DPL>(a, g, pos, k, v);
     softmax_state<DPL, 1> st;
     clear_state(st);
-    attend<KV, DPL, 1>(a, g, pos, start + w * B, end, W * B, query, k, v, first, st);
+    attend(a, g, pos, start + w * B, end, W * B, query, k, v, first, st);
     if constexpr (HEAD_BLOCKS) {
         float2 *ml = (float2 *)(smem + W * Gb * hd), *head_ml = ml + W * Gb;
-        leave_state<DPL, 1>(st, smem, ml, Gb, hb, w, hd);
+        leave_state<DPL, 1, B>(st, smem, ml, Gb, hb, w, hd);
         __syncthreads();
         fold_block_warps(a, smem, ml, head_ml, Gb, h0, min(W, (end - start + B - 1) / B), g, split, n_active);
     } else {
@@ -728,7 +789,7 @@ static int grouped_smem_floats(int G, int hd, int hp) {
  * 0 the new key and value too (kv_new). */
 template <class KV, int DPL, int HP>
 __device__ __forceinline__ void attention_grouped(const attn_args &a, float *smem, int *flag, int pos) {
-    constexpr int B = attn_shape<DPL, HP>::BATCH;
+    constexpr int B = attn_shape<KV, DPL, HP>::BATCH;
     const int G = a.n_heads / a.n_kv, W = attn_warps_per_group(G, HP), hd = a.hd, g = blockIdx.x, split = blockIdx.y;
     const int warp = threadIdx.x >> 5, hg = warp / W, w = warp % W, lane = threadIdx.x & 31, d0 = lane * DPL;
     const bool mine = d0 < hd;
@@ -736,9 +797,9 @@ __device__ __forceinline__ void attention_grouped(const attn_args &a, float *sme
     float2 *ml = (float2 *)(slots + W * G * hd), *head_ml = ml + W * G;
     int start, end;
     const int n_active = split_range(a, pos + 1, B, start, end);
-    constexpr bool preload = attn_shape<DPL, HP>::PRELOAD;
-    kv_batch<DPL, HP> first;
-    if constexpr (preload) load_cached<KV, DPL, HP>(a, g, pos, start + w * B, end, first);
+    constexpr bool preload = attn_shape<KV, DPL, HP>::PRELOAD;
+    kv_batch<KV, DPL, HP, false> first;
+    if constexpr (preload) load_cached(a, g, pos, start + w * B, end, first);
     prefetch_range<KV>(a, g, preload ? start + W * B : start, end);
     head_consts<DPL> hc; /* the norms' weights and the rotation of query head `warp` */
     if (start < end && warp < G) load_head_consts<DPL>(a, g, warp, pos, hc);
@@ -761,15 +822,15 @@ __device__ __forceinline__ void attention_grouped(const attn_args &a, float *sme
     }
     __syncthreads();
     trace_mark(a.trace, TRACE_STAGED);
-    if constexpr (!preload) load_cached<KV, DPL, HP>(a, g, pos, start + w * B, end, first);
+    if constexpr (!preload) load_cached(a, g, pos, start + w * B, end, first);
     float k_new[DPL], v_new[DPL];
     load_dims<DPL>(kv_new + d0, k_new, mine);
     load_dims<DPL>(kv_new + hd + d0, v_new, mine);
     softmax_state<DPL, HP> st;
     clear_state(st);
-    attend<KV, DPL, HP>(a, g, pos, start + w * B, end, W * B, query_in_smem<DPL>{q_s + hg * HP * hd, hd}, k_new, v_new,
+    attend(a, g, pos, start + w * B, end, W * B, query_in_smem<DPL>{q_s + hg * HP * hd, hd}, k_new, v_new,
                     first, st);
-    leave_state<DPL, HP>(st, slots, ml, G, hg, w, hd);
+    leave_state<DPL, HP, B>(st, slots, ml, G, hg, w, hd);
     __syncthreads();
     fold_block_warps(a, slots, ml, head_ml, G, 0, min(W, (end - start + B - 1) / B), g, split, n_active);
     trace_mark(a.trace, TRACE_WORKED);
@@ -877,14 +938,19 @@ static int env_positions(const char *name, int fallback) {
     return v && *v ? atoi(v) : fallback;
 }
 
+/* Positions a batch of one head a warp holds: wide with an f16 cache
+ * (the per-head way) or f32's (head blocks, an f32 cache). */
+static int per_head_batch(int hd, bool wide_f16) { return attn_per_head_batch(hd > 32 ? hd / 32 : 1, wide_f16); }
+
 /* Positions (pos + 1) from which the grouped way runs: where the per-head
  * way would give a warp 4 batches or more (decode-plan fact 67: 2048
- * positions for Qwen3-30B-A3B on an H200, 32 splits), or
+ * positions for Qwen3-30B-A3B on an H200, 32 splits, an f32 cache; 4096
+ * with an f16 cache's wide batches, decode-plan fact 85), or
  * MOE_CUDA_ATTN_GROUPED_FROM; never where G is not a power of two above 1. */
-int cuda_attention_grouped_from(int G, int hd, int n_splits) {
+int cuda_attention_grouped_from(int G, int hd, int n_splits, bool kv_f16) {
     if (grouped_hp(G, hd) == 1) return INT_MAX;
-    return env_positions("MOE_CUDA_ATTN_GROUPED_FROM",
-                         4 * attn_warps_per_head(G) * (32 / (hd > 32 ? hd / 32 : 1)) * n_splits);
+    const int batch = per_head_batch(hd, kv_f16);
+    return env_positions("MOE_CUDA_ATTN_GROUPED_FROM", 4 * attn_warps_per_head(G) * batch * n_splits);
 }
 
 /* Positions (pos + 1) up to which head blocks run: while one block takes
@@ -895,7 +961,7 @@ int cuda_attention_grouped_from(int G, int hd, int n_splits) {
  * per-head way. */
 int cuda_attention_head_blocks_until(int G, int hd) {
     if (G == 1) return 0;
-    return env_positions("MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL", attn_warps_per_head(1) * (32 / (hd > 32 ? hd / 32 : 1)));
+    return env_positions("MOE_CUDA_ATTN_HEAD_BLOCKS_UNTIL", attn_warps_per_head(1) * per_head_batch(hd, false));
 }
 
 /* The way for the position (its thresholds from the two above). */

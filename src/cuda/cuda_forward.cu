@@ -820,7 +820,7 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
     const bool f16 = s->opt.kv_f16;
     s->attn_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim, false, f16);
     s->attn_head_splits = cuda_attention_splits(g->n_sm, c->n_heads, c->n_kv_heads, c->head_dim, true, f16);
-    s->attn_grouped_from = cuda_attention_grouped_from(G, c->head_dim, s->attn_splits);
+    s->attn_grouped_from = cuda_attention_grouped_from(G, c->head_dim, s->attn_splits, f16);
     s->attn_head_blocks_until = cuda_attention_head_blocks_until(G, c->head_dim);
     s->max_grid = g->n_sm * 32;
 

@@ -476,7 +476,7 @@ void cuda_route(const route_spec *r, const float *logits, int n_tokens, float *w
 void cuda_attention(const attn_args *a, cudaStream_t st, bool pdl);
 bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits);
 cudaError_t cuda_attention_setup(int G, int hd);
-int cuda_attention_grouped_from(int G, int hd, int n_splits);
+int cuda_attention_grouped_from(int G, int hd, int n_splits, bool kv_f16);
 int cuda_attention_head_blocks_until(int G, int hd);
 int cuda_attention_splits(int n_sm, int n_heads, int n_kv, int hd, bool head_blocks, bool kv_f16);
 int cuda_attention_way(int pos, int head_blocks_until, int grouped_from);

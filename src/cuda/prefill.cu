@@ -1566,7 +1566,7 @@ moe_status cuda_test_decode_attention(const cuda_test_attention *c, int n_splits
         a.n_rot = c->n_rot, a.neox = c->neox;
         a.n_heads = c->n_heads, a.n_kv = c->n_kv_heads, a.hd = c->head_dim, a.n_splits = n_splits;
         a.way = cuda_attention_way(c->pos, cuda_attention_head_blocks_until(G, c->head_dim),
-                                   cuda_attention_grouped_from(G, c->head_dim, n_splits));
+                                   cuda_attention_grouped_from(G, c->head_dim, n_splits, c->kv_f16));
         cuda_attention(&a, 0, false);
         e = cudaGetLastError();
     }
