@@ -96,28 +96,6 @@ static void walk(const gguf_file *f) {
 
 /* --- the writer round trip ------------------------------------------------- */
 
-static bool values_equal(const gguf_value *a, const gguf_value *b);
-
-static bool arrays_equal(const gguf_array *a, const gguf_array *b) {
-    if (a->type != b->type || a->n != b->n) return false;
-    if (!a->items) return a->n == 0 || memcmp(a->data, b->data, a->n * gguf_value_type_size(a->type)) == 0;
-    for (uint64_t i = 0; i < a->n; i++)
-        if (!values_equal(&a->items[i], &b->items[i])) return false;
-    return true;
-}
-
-static bool values_equal(const gguf_value *a, const gguf_value *b) {
-    if (a->type != b->type) return false;
-    switch (a->type) {
-    case GGUF_TYPE_STRING: return a->str.len == b->str.len && memcmp(a->str.data, b->str.data, a->str.len) == 0;
-    case GGUF_TYPE_ARRAY: return arrays_equal(&a->arr, &b->arr);
-    /* A signalling NaN may come back quiet: float32 scalars pass through a double. */
-    case GGUF_TYPE_FLOAT32:
-    case GGUF_TYPE_FLOAT64: return (isnan(a->f64) && isnan(b->f64)) || memcmp(&a->f64, &b->f64, 8) == 0;
-    default: return a->u64 == b->u64;
-    }
-}
-
 /* Keys and names a C caller cannot spell, or that GGML would refuse, are
  * beyond what the writer takes: such files are not copied. Nor are files
  * with a huge alignment: the reader takes general.alignment = 2^31 in a
@@ -160,7 +138,7 @@ static void check_copy(const gguf_file *f, const gguf_file *g) {
         char *key = c_string(f->kv[i].key);
         const gguf_kv *kv = gguf_find(g, key);
         /* An explicit general.alignment of 32 is implied, not written. */
-        REQUIRE(kv ? values_equal(&kv->value, &f->kv[i].value) : strcmp(key, "general.alignment") == 0);
+        REQUIRE(kv ? gguf_values_equal(&kv->value, &f->kv[i].value) : strcmp(key, "general.alignment") == 0);
         free(key);
     }
     for (uint64_t i = 0; i < f->n_tensors; i++) {

@@ -75,27 +75,6 @@ static uint8_t *save_to_bytes(gguf_writer *w, size_t *size) {
     return bytes;
 }
 
-static bool values_equal(const gguf_value *a, const gguf_value *b);
-
-static bool arrays_equal(const gguf_array *a, const gguf_array *b) {
-    if (a->type != b->type || a->n != b->n) return false;
-    if (!a->items) return a->n == 0 || memcmp(a->data, b->data, a->n * gguf_value_type_size(a->type)) == 0;
-    for (uint64_t i = 0; i < a->n; i++)
-        if (!values_equal(&a->items[i], &b->items[i])) return false;
-    return true;
-}
-
-static bool values_equal(const gguf_value *a, const gguf_value *b) {
-    if (a->type != b->type) return false;
-    switch (a->type) {
-    case GGUF_TYPE_STRING: return a->str.len == b->str.len && memcmp(a->str.data, b->str.data, a->str.len) == 0;
-    case GGUF_TYPE_ARRAY: return arrays_equal(&a->arr, &b->arr);
-    case GGUF_TYPE_FLOAT32:
-    case GGUF_TYPE_FLOAT64: return memcmp(&a->f64, &b->f64, sizeof a->f64) == 0;
-    default: return a->u64 == b->u64;
-    }
-}
-
 static bool contains(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
 
 /* --- round trips ------------------------------------------------------------ */
@@ -149,7 +128,7 @@ static void test_scalars_round_trip(void) {
     CHECK(f->version == 3 && f->n_kv == n + 1 && f->n_tensors == 0);
     for (size_t i = 0; i < n; i++) {
         const gguf_kv *kv = gguf_find(f, cases[i].key);
-        CHECKF(kv && values_equal(&kv->value, &cases[i].value), "key %s", cases[i].key);
+        CHECKF(kv && gguf_values_equal(&kv->value, &cases[i].value), "key %s", cases[i].key);
         CHECK(kv == &f->kv[i]); /* file order is insertion order */
     }
     float nan_back = 0;
@@ -290,7 +269,7 @@ static void test_nested_arrays_round_trip(void) {
     truth[0] = 1;
     const gguf_array *a = NULL;
     CHECK(gguf_get_array(f, "nested", GGUF_TYPE_ARRAY, &a, &err) == MOE_OK);
-    CHECK(a && values_equal(&gguf_find(f, "nested")->value, &nested));
+    CHECK(a && gguf_values_equal(&gguf_find(f, "nested")->value, &nested));
     if (a && a->n == 4) CHECK(gguf_str_eq(gguf_array_get_str(&a->items[1].arr, 0), "x"));
     CHECK(gguf_get_array(f, "empty.strings", GGUF_TYPE_STRING, &a, &err) == MOE_OK && a->n == 0);
     CHECK(gguf_get_array(f, "empty.arrays", GGUF_TYPE_ARRAY, &a, &err) == MOE_OK && a->n == 0);
@@ -298,6 +277,31 @@ static void test_nested_arrays_round_trip(void) {
     CHECK(gguf_get_array(f, "tokens", GGUF_TYPE_STRING, &a, &err) == MOE_OK && a->n == 4);
     for (uint64_t i = 0; a && i < a->n && i < 4; i++) CHECK(gguf_str_eq(gguf_array_get_str(a, i), tokens[i]));
     gguf_close(f);
+}
+
+/* gguf_values_equal: types, strings, numeric arrays by their bytes,
+ * nested arrays element by element, and any NaN equal to any NaN. */
+static void test_values_equal(void) {
+    const int16_t shorts[] = {-3, 4}, other[] = {-3, 5};
+    gguf_value a = {.type = GGUF_TYPE_FLOAT32, .f64 = NAN}, b = {.type = GGUF_TYPE_FLOAT32, .f64 = -NAN};
+    CHECK(gguf_values_equal(&a, &b));
+    b.f64 = 1.0;
+    CHECK(!gguf_values_equal(&a, &b));
+    a.f64 = 1.0, a.type = GGUF_TYPE_FLOAT64;
+    CHECK(!gguf_values_equal(&a, &b)); /* the same number as another type */
+    gguf_value s = {.type = GGUF_TYPE_STRING, .str = {3, "abc"}}, t = {.type = GGUF_TYPE_STRING, .str = {3, "abd"}};
+    CHECK(gguf_values_equal(&s, &s) && !gguf_values_equal(&s, &t));
+    gguf_value x = {.type = GGUF_TYPE_ARRAY, .arr = {GGUF_TYPE_INT16, 2, shorts, NULL}};
+    gguf_value y = {.type = GGUF_TYPE_ARRAY, .arr = {GGUF_TYPE_INT16, 2, other, NULL}};
+    CHECK(!gguf_values_equal(&x, &y));
+    y.arr.data = shorts;
+    CHECK(gguf_values_equal(&x, &y));
+    gguf_value outer_items[2] = {x, s}, other_items[2] = {x, t};
+    gguf_value outer = {.type = GGUF_TYPE_ARRAY, .arr = {GGUF_TYPE_ARRAY, 2, NULL, outer_items}};
+    gguf_value outer2 = {.type = GGUF_TYPE_ARRAY, .arr = {GGUF_TYPE_ARRAY, 2, NULL, other_items}};
+    CHECK(!gguf_values_equal(&outer, &outer2));
+    other_items[1] = s;
+    CHECK(gguf_values_equal(&outer, &outer2));
 }
 
 /* Every key of a parsed file copied with set_value, the source closed
@@ -1030,6 +1034,7 @@ int main(void) {
     RUN(test_strings_round_trip);
     RUN(test_numeric_arrays_round_trip);
     RUN(test_nested_arrays_round_trip);
+    RUN(test_values_equal);
     RUN(test_copy_from_reader);
     RUN(test_tensors_round_trip_align32);
     RUN(test_tensors_round_trip_align64);

@@ -156,6 +156,11 @@ double gguf_array_get_f64(const gguf_array *arr, uint64_t i);
 gguf_str gguf_array_get_str(const gguf_array *arr, uint64_t i);
 
 bool gguf_str_eq(gguf_str s, const char *cstr);
+/* Two values alike: the same type and the same strings, numbers and
+ * array elements. Float scalars compare by their bits, but any NaN equals
+ * any NaN (a signalling NaN may come back quiet: float32 passes through a
+ * double). */
+bool gguf_values_equal(const gguf_value *a, const gguf_value *b);
 const char *gguf_value_type_name(gguf_value_type type);
 size_t gguf_value_type_size(gguf_value_type type); /* 0 for STRING and ARRAY */
 

@@ -81,6 +81,25 @@ bool gguf_str_eq(gguf_str s, const char *cstr) {
     return s.len == n && (n == 0 || memcmp(s.data, cstr, n) == 0);
 }
 
+static bool arrays_equal(const gguf_array *a, const gguf_array *b) {
+    if (a->type != b->type || a->n != b->n) return false;
+    if (!a->items) return a->n == 0 || memcmp(a->data, b->data, a->n * gguf_value_type_size(a->type)) == 0;
+    for (uint64_t i = 0; i < a->n; i++)
+        if (!gguf_values_equal(&a->items[i], &b->items[i])) return false;
+    return true;
+}
+
+bool gguf_values_equal(const gguf_value *a, const gguf_value *b) {
+    if (a->type != b->type) return false;
+    switch (a->type) {
+    case GGUF_TYPE_STRING: return a->str.len == b->str.len && memcmp(a->str.data, b->str.data, a->str.len) == 0;
+    case GGUF_TYPE_ARRAY: return arrays_equal(&a->arr, &b->arr);
+    case GGUF_TYPE_FLOAT32:
+    case GGUF_TYPE_FLOAT64: return (isnan(a->f64) && isnan(b->f64)) || memcmp(&a->f64, &b->f64, sizeof a->f64) == 0;
+    default: return a->u64 == b->u64;
+    }
+}
+
 /* --- lookup ------------------------------------------------------------- */
 
 const gguf_kv *gguf_find(const gguf_file *file, const char *key) {
