@@ -11,7 +11,6 @@
  * gguf_writer_set_value, every tensor's data) and the copy must read back
  * with the same keys, values, shapes and bytes.
  */
-#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
