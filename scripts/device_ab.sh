@@ -19,8 +19,10 @@
 # them, as /tmp/ab-NAME-build/moe, for an experiment's own commands.
 # MOE_AB_SASS=FILE.cu also brings back the SASS of that family file's
 # kernels for every variant, as one $OUT/sass.tar.gz (a run returns at most
-# eight files). MOE_AB_STAGING=1 adds `moe lab`'s staging rows of every
-# variant (the Q4_K lab, its staging table only). MOE_AB_PREFILL=1 adds
+# eight files). MOE_AB_ENV="VAR=VAL ..." adds the run's own build under
+# those variables as one more variant. MOE_AB_STAGING=1 adds `moe lab`'s
+# staging rows of every variant (the Q4_K lab, its staging table only).
+# MOE_AB_PREFILL=1 adds
 # pp512 (with its phases) and pp2048 of every variant. MOE_AB_NCU=REGEX runs
 # Nsight Compute (--set full) on one launch of the run's own build whose
 # kernel matches, in the decode step at depth 512 without the graph, into
@@ -74,41 +76,52 @@ build_variants() {
     done
 }
 
+# The variants, a command each: the run's own build, with MOE_AB_ENV="VAR=VAL
+# ..." that build again under those variables (a switch's two sides in one
+# binary), then every packed build.
+variants() {
+    echo "$MOE"
+    [ -n "${MOE_AB_ENV:-}" ] && echo "env $MOE_AB_ENV $MOE"
+    local moe
+    for moe in /tmp/ab-*-build/moe; do [ -x "$moe" ] && echo "$moe"; done
+    return 0
+}
+
 # bench LABEL ARGS...: one line per variant, the run's own build first
 # (the decode row, or with -n 0 the prefill's)
 bench() {
     local label=$1
     shift
-    for moe in "$MOE" /tmp/ab-*-build/moe; do
-        [ -x "$moe" ] || continue
+    local moe
+    while read -r moe; do
         echo "== $label $moe"
-        "$moe" bench -m "$MODEL" --device cuda "$@" 2>&1 | grep -E "graph\+PDL|\| pp[0-9]+ "
-    done
+        $moe bench -m "$MODEL" --device cuda "$@" 2>&1 | grep -E "graph\+PDL|\| pp[0-9]+ "
+    done < <(variants)
 }
 
 timeline() {
-    for moe in "$MOE" /tmp/ab-*-build/moe; do
-        [ -x "$moe" ] || continue
+    local moe
+    while read -r moe; do
         echo "== timeline at $1 $moe"
         # each stage's cost in the graph (us a token), then the layer's launches
-        "$moe" bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda --profile="$1" 2>&1 |
+        $moe bench -m "$MODEL" -p 0 -n 16 -r 1 --device cuda --profile="$1" 2>&1 |
             awk -F'|' '/decode step by stage/{s=1} /inside the graph/{s=2}
                 s==1 && /^\| [a-z*]/ && $2 !~ /stage/{printf "|%s| in graph %s us/token |\n", $2, $(NF-2)}
                 s==2 && /^\| [a-z]/'
-    done
+    done < <(variants)
 }
 
 # pp512 and pp2048 of every variant, and where pp512's time goes (the
 # prefill's phases, from builds that have them).
 prefill() {
     bench pp2048 -p 2048 -n 0 -r 2
-    for moe in "$MOE" /tmp/ab-*-build/moe; do
-        [ -x "$moe" ] || continue
+    local moe
+    while read -r moe; do
         echo "== pp512 $moe"
-        "$moe" bench -m "$MODEL" --device cuda -p 512 -n 0 -r 3 --profile --profile-reps 1 >/tmp/ab-pp.log 2>&1
+        $moe bench -m "$MODEL" --device cuda -p 512 -n 0 -r 3 --profile --profile-reps 1 >/tmp/ab-pp.log 2>&1
         grep "| pp512 " /tmp/ab-pp.log
         sed -n '/^### batched prefill/,/^| \*\*prompt/p' /tmp/ab-pp.log
-    done
+    done < <(variants)
 }
 
 # The SASS of src/cuda/$1's kernels in each variant's build, into $OUT/sass.tar.gz.
@@ -127,11 +140,11 @@ sass() {
 
 # The staging rows of `moe lab` for each variant.
 staging() {
-    for moe in "$MOE" /tmp/ab-*-build/moe; do
-        [ -x "$moe" ] || continue
+    local moe
+    while read -r moe; do
         echo "== staging $moe"
-        "$moe" lab --type q4_k -r 20 2>&1 | sed -n '/^### Staging/,/^Staging rows/p' | grep "^| [a-z]"
-    done
+        $moe lab --type q4_k -r 20 2>&1 | sed -n '/^### Staging/,/^Staging rows/p' | grep "^| [a-z]"
+    done < <(variants)
 }
 
 # Nsight Compute on launch 150 of the kernels matching $1 (the 4th token's
