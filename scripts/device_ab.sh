@@ -138,10 +138,12 @@ sass() {
     echo "== SASS of $1: $(ls "$dir" | tr '\n' ' ')-> \$OUT/sass.tar.gz"
 }
 
-# The staging rows of `moe lab` for each variant.
+# The staging rows of `moe lab` for each build (the lab picks its ways
+# itself: MOE_AB_ENV's variant would repeat its build's rows).
 staging() {
     local moe
     while read -r moe; do
+        [ "${moe#env }" = "$moe" ] || continue
         echo "== staging $moe"
         $moe lab --type q4_k -r 20 2>&1 | sed -n '/^### Staging/,/^Staging rows/p' | grep "^| [a-z]"
     done < <(variants)
