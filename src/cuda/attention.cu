@@ -828,8 +828,8 @@ __device__ __forceinline__ void attention_grouped(const attn_args &a, float *sme
     load_dims<DPL>(kv_new + hd + d0, v_new, mine);
     softmax_state<DPL, HP> st;
     clear_state(st);
-    attend(a, g, pos, start + w * B, end, W * B, query_in_smem<DPL>{q_s + hg * HP * hd, hd}, k_new, v_new,
-                    first, st);
+    attend(a, g, pos, start + w * B, end, W * B, query_in_smem<DPL>{q_s + hg * HP * hd, hd}, k_new, v_new, first,
+           st);
     leave_state<DPL, HP, B>(st, slots, ml, G, hg, w, hd);
     __syncthreads();
     fold_block_warps(a, slots, ml, head_ml, G, 0, min(W, (end - start + B - 1) / B), g, split, n_active);
@@ -864,19 +864,21 @@ __global__ void __launch_bounds__(ATTN_THREADS) attention_grouped_kernel(const a
     attention_grouped<KV, DPL, HP>(a, smem, &flag, __ldcg(a.step + 1)); /* as above */
 }
 
-/* A lane holds hd / 32 dims (one, or none, below 32), rotary pairs must not straddle lanes unevenly,
- * a block is at most ATTN_MAX_G warps, and the merge reads at most ATTN_MAX_SPLITS splits. */
+/* The dims a lane holds of an hd-dim head: hd / 32 (one, or none, below 32). */
+static int dims_per_lane(int hd) { return hd > 32 ? hd / 32 : 1; }
+
+/* Rotary pairs must not straddle lanes unevenly, a block is at most ATTN_MAX_G warps, and the merge reads at most
+ * ATTN_MAX_SPLITS splits. */
 bool cuda_attention_supported(int G, int hd, int n_rot, int n_splits) {
-    const int dims_per_lane = hd > 32 ? hd / 32 : 1;
     return ((hd <= 32 && hd % 2 == 0) || hd == 64 || hd == 128 || hd == 256) && n_rot % 2 == 0 &&
-           (n_rot / 2) % dims_per_lane == 0 && G >= 1 && G <= ATTN_MAX_G && n_splits >= 1 &&
+           (n_rot / 2) % dims_per_lane(hd) == 0 && G >= 1 && G <= ATTN_MAX_G && n_splits >= 1 &&
            n_splits <= ATTN_MAX_SPLITS;
 }
 
 /* Heads a warp in the grouped way for G heads of hd dims: 1 (none) unless
  * G is a power of two above 1. */
 static int grouped_hp(int G, int hd) {
-    return G > 1 && (G & (G - 1)) == 0 ? attn_heads_per_warp(hd > 32 ? hd / 32 : 1, G) : 1;
+    return G > 1 && (G & (G - 1)) == 0 ? attn_heads_per_warp(dims_per_lane(hd), G) : 1;
 }
 
 /* The kernel for heads of hd dims (hd / 32 a lane), per head or grouped. */
@@ -940,7 +942,7 @@ static int env_positions(const char *name, int fallback) {
 
 /* Positions a batch of one head a warp holds: wide with an f16 cache
  * (the per-head way) or f32's (head blocks, an f32 cache). */
-static int per_head_batch(int hd, bool wide_f16) { return attn_per_head_batch(hd > 32 ? hd / 32 : 1, wide_f16); }
+static int per_head_batch(int hd, bool wide_f16) { return attn_per_head_batch(dims_per_lane(hd), wide_f16); }
 
 /* Positions (pos + 1) from which the grouped way runs: where the per-head
  * way would give a warp 4 batches or more (decode-plan fact 67: 2048
