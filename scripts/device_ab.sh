@@ -21,7 +21,8 @@
 # kernels for every variant, as one $OUT/sass.tar.gz (a run returns at most
 # eight files). MOE_AB_ENV="VAR=VAL ..." adds the run's own build under
 # those variables as one more variant. MOE_AB_STAGING=1 adds `moe lab`'s
-# staging rows of every variant (the Q4_K lab, its staging table only).
+# staging rows of every build (the Q4_K lab, its staging table only; the
+# run's own while the others compile).
 # MOE_AB_PREFILL=1 adds
 # pp512 (with its phases) and pp2048 of every variant. MOE_AB_NCU=REGEX runs
 # Nsight Compute (--set full) on one launch of the run's own build whose
@@ -138,15 +139,11 @@ sass() {
     echo "== SASS of $1: $(ls "$dir" | tr '\n' ' ')-> \$OUT/sass.tar.gz"
 }
 
-# The staging rows of `moe lab` for each build (the lab picks its ways
+# The staging rows of `moe lab` for build $1 (the lab picks its ways
 # itself: MOE_AB_ENV's variant would repeat its build's rows).
-staging() {
-    local moe
-    while read -r moe; do
-        [ "${moe#env }" = "$moe" ] || continue
-        echo "== staging $moe"
-        $moe lab --type q4_k -r 20 2>&1 | sed -n '/^### Staging/,/^Staging rows/p' | grep "^| [a-z]"
-    done < <(variants)
+staging_rows() {
+    echo "== staging $1"
+    "$1" lab --type q4_k -r 20 2>&1 | sed -n '/^### Staging/,/^Staging rows/p' | grep "^| [a-z]"
 }
 
 # Nsight Compute on launch 150 of the kernels matching $1 (the 4th token's
@@ -162,9 +159,17 @@ ncu_kernel() {
 
 run() {
     : "${MOE:?set by device_run.sh}" "${MODEL:?set by device_run.sh}"
-    build_variants
+    local staging=${MOE_AB_STAGING:-0} moe
+    build_variants >/tmp/ab-build.log 2>&1 &
+    local builder=$!
+    # the run's own staging rows while the variants compile (the lab times on the GPU's clock)
+    [ "$staging" = 1 ] && staging_rows "$MOE"
+    wait "$builder"
+    cat /tmp/ab-build.log
     [ -n "${MOE_AB_SASS:-}" ] && sass "$MOE_AB_SASS"
-    [ "${MOE_AB_STAGING:-0}" = 1 ] && staging
+    if [ "$staging" = 1 ]; then
+        for moe in /tmp/ab-*-build/moe; do [ -x "$moe" ] && staging_rows "$moe"; done
+    fi
     bench tg128 -p 0 -n 128 -r 5
     bench tg128 -p 0 -n 128 -r 5
     local depth
