@@ -143,7 +143,7 @@ sass() {
 # itself: MOE_AB_ENV's variant would repeat its build's rows).
 staging_rows() {
     echo "== staging $1"
-    "$1" lab --type q4_k -r 20 2>&1 | sed -n '/^### Staging/,/^Staging rows/p' | grep "^| [a-z]"
+    "$1" lab --type q4_k -r 20 2>&1 | sed -n "/^### Staging/,/^Staging rows/p; /error\|fail/Ip" | grep -iE "^\| [a-z]|error|fail"
 }
 
 # Nsight Compute on launch 150 of the kernels matching $1 (the 4th token's
