@@ -796,6 +796,23 @@ static moe_status upload_rope_table(cuda_state *s, moe_error *err) {
     return MOE_OK;
 }
 
+/* The kernels' shared memory limits, the state's memory (need bytes), its
+ * stream and events; *failed names the step that failed. */
+static cudaError_t set_up_device(cuda_state *s, size_t smem, size_t need, const char **failed) {
+    cudaError_t e;
+    *failed = "the kernels' shared memory limit";
+    if ((e = cuda_allow_smem_all((int)smem)) != cudaSuccess) return e;
+    /* a streamed product with static shared memory fails here (cuda_allow_stream_smem) */
+    *failed = "the streamed products' shared memory limit";
+    if ((e = cuda_allow_stream_smem(s->g->smem_optin)) != cudaSuccess) return e;
+    *failed = "the allocation";
+    if ((e = cudaMalloc(&s->mem, need)) != cudaSuccess) return e;
+    *failed = "a stream or event";
+    if ((e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)) != cudaSuccess) return e;
+    if ((e = cudaEventCreate(&s->ev[0])) != cudaSuccess) return e;
+    return cudaEventCreate(&s->ev[1]);
+}
+
 moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cuda_state **out, moe_error *err) {
     *out = NULL;
     const model *m = g->m;
@@ -847,15 +864,11 @@ moe_status cuda_state_new(cuda_model *g, int n_ctx, const cuda_options *opts, cu
                              "the model's activations need %zu bytes of shared memory per block, the GPU has %zu", smem,
                              g->smem_optin);
     }
-    if ((e = cuda_allow_smem_all((int)smem)) == cudaSuccess && (e = cuda_allow_stream_smem(g->smem_optin)) == cudaSuccess
-        && (e = cudaMalloc(&s->mem, need)) == cudaSuccess)
-        e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess) e = cudaEventCreate(&s->ev[0]);
-    if (e == cudaSuccess) e = cudaEventCreate(&s->ev[1]);
-    if (e != cudaSuccess) {
+    const char *failed = NULL;
+    if ((e = set_up_device(s, smem, need, &failed)) != cudaSuccess) {
         (void)cudaGetLastError();
         st = moe_error_set(err, e == cudaErrorMemoryAllocation ? MOE_ERR_NOMEM : MOE_ERR_IO,
-                           "cannot set up the GPU state (%.2f GB): %s", need / 1e9, cudaGetErrorName(e));
+                           "cannot set up the GPU state (%.2f GB): %s: %s", need / 1e9, failed, cudaGetErrorName(e));
         cuda_state_free(s);
         return st;
     }
