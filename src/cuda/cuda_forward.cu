@@ -802,9 +802,10 @@ static cudaError_t set_up_device(cuda_state *s, size_t smem, size_t need, const 
     cudaError_t e;
     *failed = "the kernels' shared memory limit";
     if ((e = cuda_allow_smem_all((int)smem)) != cudaSuccess) return e;
-    /* a streamed product with static shared memory fails here (cuda_allow_stream_smem) */
+    /* only where products stream (MOE_CUDA_STREAM_MB): a streamed instance
+     * with static shared memory fails here (cuda_allow_stream_smem) */
     *failed = "the streamed products' shared memory limit";
-    if ((e = cuda_allow_stream_smem(s->g->smem_optin)) != cudaSuccess) return e;
+    if (s->opt.gemv_stream_min > 0 && (e = cuda_allow_stream_smem(s->g->smem_optin)) != cudaSuccess) return e;
     *failed = "the allocation";
     if ((e = cudaMalloc(&s->mem, need)) != cudaSuccess) return e;
     *failed = "a stream or event";
