@@ -20,7 +20,12 @@ static moe_session *new_session(int n_ctx, float temperature, uint64_t seed) {
     moe_session *s = NULL;
     moe_error err = {0};
     CHECKF(moe_session_new(model, &p, &s, &err) == MOE_OK, "%s", err.message);
-    if (!s) exit(1); /* every test after would dereference it: one clear failure, not a crash */
+    /* every test after would dereference it: one clear failure, not a crash
+     * (and main's cleanup never runs, so the model file goes here) */
+    if (!s) {
+        unlink(model_path);
+        exit(1);
+    }
     return s;
 }
 
