@@ -6,11 +6,11 @@
 #
 # Here, before the device call:
 #   bash scripts/device_ab.sh pack NAME=COMMIT[+PATCH...] ...
-# writes .carry/NAME.tar (the commit's source, with the patch files named
+# writes .carry/NAME.tar.gz (the commit's source, with the patch files named
 # after it applied in order; git-ignored). Then on the
 # device, with the tarballs carried (carry [".debs", ".carry"]):
 #   MOE_EXPERIMENT='bash scripts/device_ab.sh run' bash scripts/device_run.sh
-# builds each .carry/*.tar beside the run's own build ($MOE) and prints, to
+# builds each .carry/*.tar.gz beside the run's own build ($MOE) and prints, to
 # experiment.log: tg128 twice per variant, tg32 at depth 4096 (or at each
 # depth of MOE_AB_DEPTHS="1024 4096 ..."), and at
 # positions 64 and 512 each stage's cost in the graph and the layer
@@ -34,14 +34,16 @@ cd "$(dirname "$0")/.." || exit 1
 
 pack() {
     mkdir -p .carry
-    rm -f .carry/*.tar # only the variants named now are built on the device
+    rm -f .carry/*.tar .carry/*.tar.gz # only the variants named now are built on the device
     for spec in "$@"; do
         local name=${spec%%=*} rev=${spec#*=}
         local commit=${rev%%+*} patches=()
         [ "$rev" = "$commit" ] || IFS=+ read -r -a patches <<<"${rev#*+}"
         [ ${#patches[@]} -eq 0 ] || commit=$(commit_with_patches "$commit" "${patches[@]}") || exit 1
-        git archive "$commit" -- . ':!models' ':!data' ':!tests/fixtures' ':!tests/golden/fixtures' >".carry/$name.tar" || exit 1
-        echo ".carry/$name.tar: $(git log --oneline -1 "$commit")"
+        # compressed: the working tree and the carried paths travel within 64 MiB
+        git archive --format=tar.gz "$commit" -- . ':!models' ':!data' ':!tests/fixtures' ':!tests/golden/fixtures' \
+            >".carry/$name.tar.gz" || exit 1
+        echo ".carry/$name.tar.gz: $(git log --oneline -1 "$commit")"
     done
 }
 
@@ -65,9 +67,9 @@ commit_with_patches() {
 
 build_variants() {
     local prefix=/tmp/moe-prefix/usr
-    for tarball in .carry/*.tar; do
+    for tarball in .carry/*.tar.gz; do
         local name
-        name=$(basename "$tarball" .tar)
+        name=$(basename "$tarball" .tar.gz)
         mkdir -p "/tmp/ab-$name" && tar -xf "$tarball" -C "/tmp/ab-$name" &&
             cmake -S "/tmp/ab-$name" -B "/tmp/ab-$name-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=ON \
                 -DMOE_BENCH=OFF -DCMAKE_PREFIX_PATH=$prefix -DCMAKE_LIBRARY_PATH=$prefix/lib/x86_64-linux-gnu \
