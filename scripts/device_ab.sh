@@ -66,6 +66,10 @@ commit_with_patches() {
 }
 
 build_variants() {
+    # device_run.sh starts one in the background: the second waits for it
+    # and finds its builds up to date
+    exec 9>/tmp/ab-build.lock
+    flock 9
     local prefix=/tmp/moe-prefix/usr
     for tarball in .carry/*.tar.gz; do
         local name
