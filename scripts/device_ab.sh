@@ -23,6 +23,9 @@
 # those variables as one more variant. MOE_AB_STAGING=1 adds `moe lab`'s
 # staging rows of every build (the Q4_K lab, its staging table only; the
 # run's own while the others compile).
+# MOE_AB_TESTS=1 also builds each packed variant's GPU kernel test and
+# runs it after the benches (its last lines in experiment.log): a variant
+# that wins has been checked against the CPU in the same run.
 # MOE_AB_PREFILL=1 adds
 # pp512 (with its phases) and pp2048 of every variant. MOE_AB_NCU=REGEX runs
 # Nsight Compute (--set full) on one launch of the run's own build whose
@@ -70,7 +73,8 @@ build_variants() {
     # and finds its builds up to date
     exec 9>/tmp/ab-build.lock
     flock 9
-    local prefix=/tmp/moe-prefix/usr
+    local prefix=/tmp/moe-prefix/usr targets=moe
+    [ "${MOE_AB_TESTS:-0}" = 1 ] && targets="moe test_cuda_kernels"
     for tarball in .carry/*.tar.gz; do
         local name
         name=$(basename "$tarball" .tar.gz)
@@ -78,7 +82,7 @@ build_variants() {
             cmake -S "/tmp/ab-$name" -B "/tmp/ab-$name-build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOE_CUDA=ON \
                 -DMOE_BENCH=OFF -DCMAKE_PREFIX_PATH=$prefix -DCMAKE_LIBRARY_PATH=$prefix/lib/x86_64-linux-gnu \
                 >"/tmp/ab-$name.log" 2>&1 &&
-            cmake --build "/tmp/ab-$name-build" -j"$(nproc)" --target moe >>"/tmp/ab-$name.log" 2>&1
+            cmake --build "/tmp/ab-$name-build" -j"$(nproc)" --target $targets >>"/tmp/ab-$name.log" 2>&1
         echo "$name: $(tail -1 "/tmp/ab-$name.log")"
     done
 }
@@ -92,6 +96,18 @@ variants() {
     local moe
     for moe in /tmp/ab-*-build/moe; do [ -x "$moe" ] && echo "$moe"; done
     return 0
+}
+
+# Each packed variant's GPU kernel test (MOE_AB_TESTS=1): its summary lines.
+kernel_tests() {
+    local build
+    for build in /tmp/ab-*-build; do
+        [ -x "$build/tests/test_cuda_kernels" ] || continue
+        echo "== kernel test $build"
+        timeout 60 "$build/tests/test_cuda_kernels" >/tmp/ab-kernels.log 2>&1
+        echo "exit $?"
+        grep -E "^ *(ok |FAIL)|[0-9]+ passed" /tmp/ab-kernels.log
+    done
 }
 
 # bench LABEL ARGS...: one line per variant, the run's own build first
@@ -186,6 +202,7 @@ run() {
     [ "$positions" = 0 ] && positions=""
     for pos in $positions; do timeline "$pos"; done
     [ -n "${MOE_AB_NCU:-}" ] && ncu_kernel "$MOE_AB_NCU"
+    [ "${MOE_AB_TESTS:-0}" = 1 ] && kernel_tests
     return 0
 }
 
@@ -193,9 +210,9 @@ case "${1:-}" in
 pack) shift && pack "$@" ;;
 run) run ;;
 build) build_variants ;; # only the variants' builds, for an experiment's own commands
--h | --help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//' ;;
 *)
-    sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac
