@@ -206,13 +206,17 @@ run() {
     return 0
 }
 
+# The comment at the top of this file, without its "# " (no line count to
+# keep up to date as it grows).
+usage() { awk 'NR == 1 { next } !/^#/ { exit } { sub(/^# ?/, ""); print }' "$0"; }
+
 case "${1:-}" in
 pack) shift && pack "$@" ;;
 run) run ;;
 build) build_variants ;; # only the variants' builds, for an experiment's own commands
--h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//' ;;
+-h | --help) usage ;;
 *)
-    sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//' >&2
+    usage >&2
     exit 2
     ;;
 esac
